@@ -1,0 +1,290 @@
+// specdec — the vocabulary of the library: token ids, probability vectors and matrices,
+// language models and drafters.
+//
+// Concepts are built from small named sub-concepts so that a compiler diagnostic names
+// the exact clause a type is missing (e.g. "HasVocabSize<MyModel> was not satisfied").
+// Foreign vector types opt in by specialising `probability_vector_traits`, never by
+// deriving from a library base class.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <ranges>
+#include <span>
+#include <type_traits>
+
+#include "specdec/rows.hpp"
+
+namespace specdec {
+
+/// A token id. Valid ids of a model are [0, vocab_size()).
+using token_id = std::int32_t;
+
+/// The element types a probability row may have.
+template <class T>
+concept ProbabilityScalar =
+    std::same_as<std::remove_cv_t<T>, float> || std::same_as<std::remove_cv_t<T>, double>;
+
+// ---------------------------------------------------------------------------------------
+// Probability vectors
+// ---------------------------------------------------------------------------------------
+
+/// Customisation point: how to view a vector type as `std::span<const T>`.
+/// Specialise it for your own container with
+/// @code
+/// template <> struct specdec::probability_vector_traits<MyRow> {
+///   static std::span<const float> view(const MyRow& row) { return {row.ptr, row.len}; }
+/// };
+/// @endcode
+/// The primary template is undefined on purpose; the library provides specialisations for
+/// contiguous sized ranges of float/double (std::vector, std::array, std::span, ...) and for
+/// Eigen dense vectors with unit inner stride (VectorXf, VectorXd, Map, Ref, contiguous
+/// blocks), detected structurally so that this header need not include Eigen.
+template <class V, class Enable = void>
+struct probability_vector_traits;
+
+namespace detail {
+
+template <class V>
+concept eigen_dense_vector = requires(const V& v) {
+  typename V::Scalar;
+  requires ProbabilityScalar<typename V::Scalar>;
+  requires bool(V::IsVectorAtCompileTime);
+  requires V::InnerStrideAtCompileTime == 1;
+  { v.data() } -> std::convertible_to<const typename V::Scalar*>;
+  { v.size() } -> std::convertible_to<std::ptrdiff_t>;
+};
+
+template <class V>
+concept contiguous_scalar_range =
+    !eigen_dense_vector<V> && std::ranges::contiguous_range<const V&> &&
+    std::ranges::sized_range<const V&> &&
+    ProbabilityScalar<std::ranges::range_value_t<const V&>>;
+
+template <class T>
+struct is_const_scalar_span : std::false_type {};
+template <class T, std::size_t Extent>
+  requires ProbabilityScalar<T>
+struct is_const_scalar_span<std::span<const T, Extent>> : std::true_type {};
+
+}  // namespace detail
+
+template <class V>
+struct probability_vector_traits<V, std::enable_if_t<detail::contiguous_scalar_range<V>>> {
+  using scalar_type = std::remove_cv_t<std::ranges::range_value_t<const V&>>;
+  static std::span<const scalar_type> view(const V& v) noexcept {
+    return {std::ranges::data(v), static_cast<std::size_t>(std::ranges::size(v))};
+  }
+};
+
+template <class V>
+struct probability_vector_traits<V, std::enable_if_t<detail::eigen_dense_vector<V>>> {
+  using scalar_type = std::remove_cv_t<typename V::Scalar>;
+  static std::span<const scalar_type> view(const V& v) noexcept {
+    return {v.data(), static_cast<std::size_t>(v.size())};
+  }
+};
+
+/// A contiguous, sized sequence of `float` or `double` that can be viewed as a
+/// `std::span<const float>` / `std::span<const double>` through `probability_vector_traits`.
+///
+/// Semantic requirements (not checked by the compiler): entries are finite and
+/// non-negative and sum to 1 within the tolerance documented by the validating entry
+/// points. Satisfied by `std::vector<T>`, `std::array<T, N>`, `std::span<const T>`,
+/// `Eigen::VectorXf`, `Eigen::VectorXd` and `Eigen::Map` / `Eigen::Ref` of them.
+/// @code
+/// static_assert(specdec::ProbabilityVector<std::vector<float>>);
+/// static_assert(specdec::ProbabilityVector<Eigen::Ref<const Eigen::VectorXd>>);
+/// @endcode
+template <class V>
+concept ProbabilityVector = requires(const std::remove_cvref_t<V>& v) {
+  { probability_vector_traits<std::remove_cvref_t<V>>::view(v) };
+  requires detail::is_const_scalar_span<
+      decltype(probability_vector_traits<std::remove_cvref_t<V>>::view(v))>::value;
+};
+
+/// The element type (float or double) of a probability vector.
+template <ProbabilityVector V>
+using probability_scalar_t =
+    typename decltype(probability_vector_traits<std::remove_cvref_t<V>>::view(
+        std::declval<const std::remove_cvref_t<V>&>()))::value_type;
+
+/// Views any probability vector as a span (no copy).
+template <ProbabilityVector V>
+[[nodiscard]] std::span<const probability_scalar_t<V>> as_span(const V& v) noexcept {
+  return probability_vector_traits<std::remove_cvref_t<V>>::view(v);
+}
+
+// ---------------------------------------------------------------------------------------
+// Probability matrices (row-major, one row per scored position)
+// ---------------------------------------------------------------------------------------
+
+/// Customisation point: how to view a matrix type as `RowsView<const T>`. Provided for
+/// `RowsView` itself and for row-major Eigen dense matrices with unit inner stride.
+template <class M, class Enable = void>
+struct probability_matrix_traits;
+
+namespace detail {
+
+template <class M>
+concept eigen_row_major_matrix = requires(const M& m) {
+  typename M::Scalar;
+  requires ProbabilityScalar<typename M::Scalar>;
+  requires bool(M::IsRowMajor);
+  requires M::InnerStrideAtCompileTime == 1;
+  { m.data() } -> std::convertible_to<const typename M::Scalar*>;
+  { m.rows() } -> std::convertible_to<std::ptrdiff_t>;
+  { m.cols() } -> std::convertible_to<std::ptrdiff_t>;
+  { m.outerStride() } -> std::convertible_to<std::ptrdiff_t>;
+};
+
+template <class T>
+struct is_rows_view : std::false_type {};
+template <class T>
+struct is_rows_view<RowsView<T>> : std::true_type {};
+
+template <class T>
+struct is_const_rows_view : std::false_type {};
+template <class T>
+  requires ProbabilityScalar<T>
+struct is_const_rows_view<RowsView<const T>> : std::true_type {};
+
+}  // namespace detail
+
+template <class M>
+struct probability_matrix_traits<M, std::enable_if_t<detail::is_rows_view<M>::value>> {
+  using scalar_type = typename M::value_type;
+  static RowsView<const scalar_type> view(const M& m) noexcept { return m; }
+};
+
+template <class M>
+struct probability_matrix_traits<M, std::enable_if_t<detail::eigen_row_major_matrix<M>>> {
+  using scalar_type = std::remove_cv_t<typename M::Scalar>;
+  static RowsView<const scalar_type> view(const M& m) noexcept {
+    return {m.data(), static_cast<std::size_t>(m.rows()), static_cast<std::size_t>(m.cols()),
+            static_cast<std::size_t>(m.rows() <= 1 ? m.cols() : m.outerStride())};
+  }
+};
+
+/// Row-major probability rows, viewable as `RowsView<const T>`: `RowsView<T>` and row-major
+/// Eigen matrices (`Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>`,
+/// Map / Ref of them).
+template <class M>
+concept ProbabilityMatrix = requires(const std::remove_cvref_t<M>& m) {
+  { probability_matrix_traits<std::remove_cvref_t<M>>::view(m) };
+  requires detail::is_const_rows_view<
+      decltype(probability_matrix_traits<std::remove_cvref_t<M>>::view(m))>::value;
+};
+
+/// Views any probability matrix as `RowsView<const T>` (no copy).
+template <ProbabilityMatrix M>
+[[nodiscard]] auto as_rows(const M& m) noexcept {
+  return probability_matrix_traits<std::remove_cvref_t<M>>::view(m);
+}
+
+// ---------------------------------------------------------------------------------------
+// Language models
+// ---------------------------------------------------------------------------------------
+
+/// `model.vocab_size()` on a const model, convertible to std::size_t.
+template <class M>
+concept HasVocabSize = requires(const M& model) {
+  { model.vocab_size() } -> std::convertible_to<std::size_t>;
+};
+
+/// `model.next_token_probabilities(context)` with the whole accepted context as
+/// `std::span<const token_id>`, returning a ProbabilityVector.
+template <class M>
+concept HasNextTokenProbabilities = requires(M& model, std::span<const token_id> context) {
+  { model.next_token_probabilities(context) } -> ProbabilityVector;
+};
+
+/// A model of the next token: the target M_p or the draft M_q of the paper.
+///
+/// Syntactic requirements:
+///  - `model.vocab_size()` (const) convertible to `std::size_t`;
+///  - `model.next_token_probabilities(context)`, `context` a `std::span<const token_id>`
+///    holding the whole accepted context (prompt + generated tokens), returning a
+///    ProbabilityVector of length vocab_size().
+///
+/// Semantic requirements the compiler cannot check:
+///  - entries are finite, non-negative and sum to 1 within the tolerance of the validating
+///    entry points (the decoder validates every row it receives and names the model,
+///    step and position of a bad one);
+///  - the result is a deterministic function of `context` (randomness belongs to the
+///    sampler, never to the model), so scoring the same prefix twice gives the same row;
+///  - a returned view (span, Map, Ref) stays valid until the next non-const call on the
+///    same model. Returning by value is always fine.
+///
+/// Stateful models (KV caches) keep their own state: the library always passes the whole
+/// context and `CachedContext` (speculative_decoder.hpp) turns it into truncate/append.
+/// @code
+/// struct Bigram {
+///   std::vector<std::vector<float>> table;  // table[previous token] = next-token row
+///   std::size_t vocab_size() const { return table.size(); }
+///   std::span<const float> next_token_probabilities(std::span<const specdec::token_id> c) {
+///     return table[c.empty() ? 0 : static_cast<std::size_t>(c.back())];
+///   }
+/// };
+/// static_assert(specdec::LanguageModel<Bigram>);
+/// @endcode
+template <class M>
+concept LanguageModel = HasVocabSize<M> && HasNextTokenProbabilities<M>;
+
+/// `model.score_draft(context, draft)`: the rows p_1..p_{gamma+1} of all gamma+1 prefixes
+/// `context`, `context + draft[0..0]`, ..., `context + draft` in one call.
+template <class M>
+concept HasDraftScoring =
+    requires(M& model, std::span<const token_id> context, std::span<const token_id> draft) {
+      { model.score_draft(context, draft) } -> ProbabilityMatrix;
+    };
+
+/// A LanguageModel that scores all gamma+1 prefixes of `context + draft` in one call — the
+/// paper's parallel run of the target (Sec. 2.3). The result has `draft.size() + 1` rows of
+/// `vocab_size()` entries; row i is the distribution of the token following
+/// `context + draft[0..i)` and must equal `next_token_probabilities` of that prefix.
+/// Models without it still work: the decoder falls back to one call per prefix.
+/// @code
+/// struct Engine {
+///   Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor> rows;
+///   std::size_t vocab_size() const;
+///   std::span<const float> next_token_probabilities(std::span<const specdec::token_id>);
+///   const auto& score_draft(std::span<const specdec::token_id> context,
+///                           std::span<const specdec::token_id> draft) {
+///     rows.resize(draft.size() + 1, vocab_size());
+///     // ... one forward pass over context + draft fills every row ...
+///     return rows;
+///   }
+/// };
+/// static_assert(specdec::BatchedLanguageModel<Engine>);
+/// @endcode
+template <class M>
+concept BatchedLanguageModel = LanguageModel<M> && HasDraftScoring<M>;
+
+// ---------------------------------------------------------------------------------------
+// Drafters
+// ---------------------------------------------------------------------------------------
+
+/// `drafter.propose(context, out)`: writes up to `out.size()` proposed tokens continuing
+/// `context` into `out` and returns how many it wrote (0 when it has no proposal).
+template <class D>
+concept HasPropose = requires(D& drafter, std::span<const token_id> context,
+                              std::span<token_id> out) {
+  { drafter.propose(context, out) } -> std::convertible_to<std::size_t>;
+};
+
+/// A proposal-only drafter (n-gram tables, prompt lookup): it proposes tokens without a
+/// distribution. Verification treats its q as one-hot on the proposed token, which keeps
+/// speculative sampling exact (accept x with probability p(x), residual = p without x).
+/// The drafter sees the whole accepted context on every call and may update its own
+/// tables from it; it must not assume that its previous proposal was accepted.
+template <class D>
+concept ProposalDrafter = HasPropose<D>;
+
+/// Anything the decoder can draft with: a LanguageModel (the decoder samples x_i from its
+/// standardized q rows itself) or a ProposalDrafter.
+template <class D>
+concept DraftSource = LanguageModel<D> || ProposalDrafter<D>;
+
+}  // namespace specdec

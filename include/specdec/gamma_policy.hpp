@@ -1,0 +1,163 @@
+// specdec — how many tokens to draft per step (gamma) and when to stop drafting early.
+//
+// A gamma policy never changes the output distribution: whatever gamma it picks, each step
+// is an exact speculative sampling step. It only changes speed. The decoder asks
+// `next_gamma()` before a step, `continue_drafting(top_probability, drafted)` after each
+// drafted token (top_probability = the draft's largest standardized q entry at that
+// position, 1.0 for proposal-only drafters), and reports the outcome with `observe`.
+#pragma once
+
+#include <concepts>
+#include <cstddef>
+#include <memory>
+#include <type_traits>
+#include <utility>
+
+#include "specdec/error.hpp"
+
+namespace specdec {
+
+/// What happened in one decoding step, reported to the policy after verification.
+struct StepFeedback {
+  std::size_t drafted = 0;      ///< tokens drafted this step (the gamma actually used)
+  std::size_t accepted = 0;     ///< n: drafts accepted by the verifier, 0..drafted
+  double draft_seconds = 0.0;   ///< wall time of this step's draft calls (0 if not timed)
+  double target_seconds = 0.0;  ///< wall time of this step's target call(s) (0 if not timed)
+};
+
+/// `policy.next_gamma()` (const): the number of tokens to draft next step, >= 1.
+template <class P>
+concept HasNextGamma = requires(const P& policy) {
+  { policy.next_gamma() } -> std::convertible_to<std::size_t>;
+};
+
+/// `policy.continue_drafting(top_probability, drafted)` (const): whether to draft another
+/// token after `drafted` tokens, the last of which had draft top probability
+/// `top_probability`.
+template <class P>
+concept HasContinueDrafting = requires(const P& policy, double top_probability,
+                                       std::size_t drafted) {
+  { policy.continue_drafting(top_probability, drafted) } -> std::convertible_to<bool>;
+};
+
+/// `policy.observe(feedback)`: learns from a finished step.
+template <class P>
+concept HasObserve = requires(P& policy, const StepFeedback& feedback) {
+  policy.observe(feedback);
+};
+
+/// `policy.needs_timing()` (const): whether the decoder should time draft and target calls
+/// and fill StepFeedback's seconds fields (timing costs a clock read per call).
+template <class P>
+concept HasNeedsTiming = requires(const P& policy) {
+  { policy.needs_timing() } -> std::convertible_to<bool>;
+};
+
+/// A draft-length policy. See the file comment for the protocol.
+/// @code
+/// struct Halving {  // drafts 8 tokens, 1 after a step with no accepted draft
+///   std::size_t gamma = 8;
+///   std::size_t next_gamma() const { return gamma; }
+///   bool continue_drafting(double, std::size_t) const { return true; }
+///   void observe(const specdec::StepFeedback& f) { gamma = f.accepted == 0 ? 1 : 8; }
+///   bool needs_timing() const { return false; }
+/// };
+/// static_assert(specdec::GammaPolicy<Halving>);
+/// @endcode
+template <class P>
+concept GammaPolicy = std::copy_constructible<P> && HasNextGamma<P> && HasContinueDrafting<P> &&
+    HasObserve<P> && HasNeedsTiming<P>;
+
+/// Always drafts the same number of tokens (the paper's setting).
+class FixedGamma {
+ public:
+  /// Throws specdec::error (invalid_option) if gamma == 0.
+  explicit FixedGamma(std::size_t gamma = 4) : gamma_(gamma) {
+    if (gamma == 0) detail::throw_error(errc::invalid_option, "FixedGamma: gamma must be >= 1");
+  }
+  [[nodiscard]] std::size_t next_gamma() const noexcept { return gamma_; }
+  [[nodiscard]] bool continue_drafting(double /*top_probability*/,
+                                       std::size_t /*drafted*/) const noexcept {
+    return true;
+  }
+  void observe(const StepFeedback& /*feedback*/) noexcept {}
+  [[nodiscard]] bool needs_timing() const noexcept { return false; }
+
+ private:
+  std::size_t gamma_;
+};
+
+/// Holds any GammaPolicy behind one type, so the decoder's options can select a policy at
+/// run time. Allocates once when constructed or copied, never per step.
+class AnyGammaPolicy {
+ public:
+  AnyGammaPolicy() : AnyGammaPolicy(FixedGamma{}) {}
+
+  template <class P>
+  requires(!std::same_as<std::decay_t<P>, AnyGammaPolicy> && GammaPolicy<std::decay_t<P>>)
+      AnyGammaPolicy(P&& policy)  // NOLINT(google-explicit-constructor): implicit by design
+      : holder_(std::make_unique<model<std::decay_t<P>>>(std::forward<P>(policy))) {}
+
+  AnyGammaPolicy(const AnyGammaPolicy& other) : holder_(other.holder_->clone()) {}
+  AnyGammaPolicy(AnyGammaPolicy&&) noexcept = default;
+  AnyGammaPolicy& operator=(const AnyGammaPolicy& other) {
+    if (this != &other) holder_ = other.holder_->clone();
+    return *this;
+  }
+  AnyGammaPolicy& operator=(AnyGammaPolicy&&) noexcept = default;
+  ~AnyGammaPolicy() = default;
+
+  [[nodiscard]] std::size_t next_gamma() const { return holder_->next_gamma(); }
+  [[nodiscard]] bool continue_drafting(double top_probability, std::size_t drafted) const {
+    return holder_->continue_drafting(top_probability, drafted);
+  }
+  void observe(const StepFeedback& feedback) { holder_->observe(feedback); }
+  [[nodiscard]] bool needs_timing() const { return holder_->needs_timing(); }
+
+  /// The held policy if it is a `P`, else nullptr.
+  template <class P>
+  [[nodiscard]] const P* target() const noexcept {
+    const auto* held = dynamic_cast<const model<P>*>(holder_.get());
+    return held != nullptr ? &held->policy : nullptr;
+  }
+
+ private:
+  struct concept_base {
+    concept_base() = default;
+    concept_base(const concept_base&) = default;
+    concept_base& operator=(const concept_base&) = default;
+    virtual ~concept_base() = default;
+    [[nodiscard]] virtual std::unique_ptr<concept_base> clone() const = 0;
+    [[nodiscard]] virtual std::size_t next_gamma() const = 0;
+    [[nodiscard]] virtual bool continue_drafting(double, std::size_t) const = 0;
+    virtual void observe(const StepFeedback&) = 0;
+    [[nodiscard]] virtual bool needs_timing() const = 0;
+  };
+
+  template <class P>
+  struct model final : concept_base {
+    explicit model(P value) : policy(std::move(value)) {}
+    [[nodiscard]] std::unique_ptr<concept_base> clone() const override {
+      return std::make_unique<model>(policy);
+    }
+    [[nodiscard]] std::size_t next_gamma() const override {
+      return static_cast<std::size_t>(policy.next_gamma());
+    }
+    [[nodiscard]] bool continue_drafting(double top_probability,
+                                         std::size_t drafted) const override {
+      return static_cast<bool>(policy.continue_drafting(top_probability, drafted));
+    }
+    void observe(const StepFeedback& feedback) override { policy.observe(feedback); }
+    [[nodiscard]] bool needs_timing() const override {
+      return static_cast<bool>(policy.needs_timing());
+    }
+    P policy;
+  };
+
+  std::unique_ptr<concept_base> holder_;
+};
+
+static_assert(GammaPolicy<FixedGamma>);
+static_assert(GammaPolicy<AnyGammaPolicy>);
+
+}  // namespace specdec

@@ -1,0 +1,9 @@
+// specdec — umbrella header: includes every public header, nothing else.
+#pragma once
+
+#include "specdec/concepts.hpp"   // IWYU pragma: export
+#include "specdec/config.hpp"     // IWYU pragma: export
+#include "specdec/error.hpp"      // IWYU pragma: export
+#include "specdec/gamma_policy.hpp"  // IWYU pragma: export
+#include "specdec/random.hpp"     // IWYU pragma: export
+#include "specdec/rows.hpp"       // IWYU pragma: export

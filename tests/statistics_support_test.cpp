@@ -1,0 +1,57 @@
+// Tests for tests/support/statistics.hpp: the statistic every distribution test relies on.
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include <catch2/catch_approx.hpp>
+#include <catch2/catch_test_macros.hpp>
+
+#include "support/statistics.hpp"
+
+using specdec::testing::chi_square_critical_value;
+using specdec::testing::chi_square_survival;
+
+TEST_CASE("chi-square survival matches closed forms", "[support]") {
+  // df = 2: P(X > x) = exp(-x / 2).  df = 1: P(X > x) = erfc(sqrt(x / 2)).
+  for (double x : {0.1, 1.0, 5.0, 20.0, 41.0, 60.0}) {
+    CHECK(chi_square_survival(x, 2.0) == Catch::Approx(std::exp(-x / 2.0)).epsilon(1e-12));
+    CHECK(chi_square_survival(x, 1.0) ==
+          Catch::Approx(std::erfc(std::sqrt(x / 2.0))).epsilon(1e-10));
+  }
+}
+
+TEST_CASE("chi-square critical values", "[support]") {
+  CHECK(chi_square_critical_value(2.0, 1e-9) ==
+        Catch::Approx(-2.0 * std::log(1e-9)).epsilon(1e-10));
+  CHECK(chi_square_critical_value(1.0, 0.05) == Catch::Approx(3.841458820694124).epsilon(1e-9));
+  CHECK(chi_square_critical_value(10.0, 0.01) == Catch::Approx(23.20925115650).epsilon(1e-9));
+  // Large df: the Wilson-Hilferty approximation is accurate to well under 1%.
+  const double df = 5000.0;
+  const double z = 5.997807;  // standard normal upper 1e-9 quantile
+  const double wh = df * std::pow(1.0 - 2.0 / (9.0 * df) + z * std::sqrt(2.0 / (9.0 * df)), 3.0);
+  CHECK(chi_square_critical_value(df, 1e-9) == Catch::Approx(wh).epsilon(2e-3));
+}
+
+TEST_CASE("chi_square_test pools small buckets and flags impossible outcomes", "[support]") {
+  const std::vector<double> expected = {0.5, 0.3, 0.19999, 0.00001, 0.0};
+  std::vector<std::uint64_t> observed = {5000, 3000, 2000, 0, 0};
+  auto result = specdec::testing::chi_square_test(observed, expected);
+  CHECK(result.passed());
+  CHECK(result.buckets == 3);  // the tiny category joins the smallest regular bucket
+  observed[4] = 1;
+  result = specdec::testing::chi_square_test(observed, expected);
+  CHECK(result.impossible_outcome);
+  CHECK_FALSE(result.passed());
+}
+
+TEST_CASE("samples_to_detect gives enough samples to catch a 0.01 TV shift", "[support]") {
+  const std::size_t n = specdec::testing::samples_to_detect(0.01, 9.0);
+  // Expected counts of a uniform law on 10 categories vs one shifted by TV 0.01.
+  std::vector<double> p(10, 0.1);
+  std::vector<std::uint64_t> shifted(10);
+  for (std::size_t i = 0; i < 10; ++i) {
+    const double q = p[i] + (i == 0 ? 0.01 : (i == 1 ? -0.01 : 0.0));
+    shifted[i] = static_cast<std::uint64_t>(std::llround(q * static_cast<double>(n)));
+  }
+  CHECK_FALSE(specdec::testing::chi_square_test(shifted, p).passed());
+}
