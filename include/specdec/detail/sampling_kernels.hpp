@@ -1,0 +1,82 @@
+// specdec — private kernels behind standardization (sampling.hpp): sums in double with
+// independent accumulators, argmax, and the order "more probable first, lower id first"
+// that top-k and top-p use.
+#pragma once
+
+#include <Eigen/Core>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+
+namespace specdec::detail {
+
+/// Independent accumulators of the sampling kernels (no -ffast-math needed to vectorize).
+inline constexpr std::size_t sampling_lanes = 8;
+
+/// Sum of `size` entries widened to double, accumulated in `sampling_lanes` lanes combined
+/// in a fixed order: identical results under every compiler, far smaller rounding than a
+/// single running float sum.
+template <class T>
+[[nodiscard]] inline double sum_in_double(const T* row, std::size_t size) noexcept {
+  std::array<double, sampling_lanes> lanes{};
+  std::size_t i = 0;
+  for (; i + sampling_lanes <= size; i += sampling_lanes) {
+    for (std::size_t k = 0; k < sampling_lanes; ++k) lanes[k] += static_cast<double>(row[i + k]);
+  }
+  for (; i < size; ++i) lanes[0] += static_cast<double>(row[i]);
+  return ((lanes[0] + lanes[4]) + (lanes[2] + lanes[6])) +
+         ((lanes[1] + lanes[5]) + (lanes[3] + lanes[7]));
+}
+
+/// Largest entry of a non-empty row (NaN entries are skipped unless the first is NaN).
+template <class T>
+[[nodiscard]] inline T max_entry(const T* row, std::size_t size) noexcept {
+  std::array<T, sampling_lanes> maxima;
+  maxima.fill(row[0]);
+  std::size_t i = 0;
+  for (; i + sampling_lanes <= size; i += sampling_lanes) {
+    for (std::size_t k = 0; k < sampling_lanes; ++k) {
+      maxima[k] = row[i + k] > maxima[k] ? row[i + k] : maxima[k];
+    }
+  }
+  for (; i < size; ++i) maxima[0] = row[i] > maxima[0] ? row[i] : maxima[0];
+  T best = maxima[0];
+  for (std::size_t k = 1; k < sampling_lanes; ++k) best = maxima[k] > best ? maxima[k] : best;
+  return best;
+}
+
+/// Index of the largest entry of a non-empty row, the lowest index among ties.
+template <class T>
+[[nodiscard]] inline std::size_t first_argmax(const T* row, std::size_t size) noexcept {
+  const T best = max_entry(row, size);
+  for (std::size_t j = 0; j < size; ++j) {
+    if (row[j] == best) return j;
+  }
+  return 0;
+}
+
+/// Strict total order on token ids of a row: higher probability first, lower id first
+/// among equal probabilities. Top-k and top-p keep a prefix of this order.
+template <class T>
+struct more_probable_first {
+  const T* row;
+  [[nodiscard]] bool operator()(std::uint32_t a, std::uint32_t b) const noexcept {
+    return row[a] > row[b] || (row[a] == row[b] && a < b);
+  }
+};
+
+/// In place x -> exp(x) (vectorized by Eigen) for exponents x <= 0 (NaN stays NaN).
+/// Exponents below log(smallest normal number), -inf included, give exactly 0: Eigen's
+/// vectorized exp clamps its argument, so exp(-inf) would come out as a tiny positive
+/// number and a zero probability would gain support.
+template <class T>
+inline void exponentiate_flushing(T* values, std::size_t size) noexcept {
+  // log(numeric_limits<T>::min()) = (min_exponent - 1) ln 2
+  constexpr T lowest_exponent =
+      static_cast<T>((std::numeric_limits<T>::min_exponent - 1) * 0.6931471805599453);
+  Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> x(values, static_cast<Eigen::Index>(size));
+  x = (x >= lowest_exponent || x != x).select(x.exp(), T(0));
+}
+
+}  // namespace specdec::detail

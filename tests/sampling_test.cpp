@@ -1,0 +1,383 @@
+// Tests for include/specdec/sampling.hpp: option checks, each step of the standardization
+// against a brute-force reference (full sort, double precision), ties and edge cases
+// (top-k >= V, top-p = 1, T -> 0, T = 0), logits vs probabilities, and LogitsModel.
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <catch2/catch_approx.hpp>
+#include <catch2/catch_template_test_macros.hpp>
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include "specdec/concepts.hpp"
+#include "specdec/error.hpp"
+#include "specdec/random.hpp"
+#include "specdec/sampling.hpp"
+
+namespace {
+
+using specdec::SamplingOptions;
+using specdec::token_id;
+
+// Reference standardization in double with a full sort, written for clarity.
+std::vector<double> reference_standardize(const std::vector<double>& p,
+                                          const SamplingOptions& options) {
+  const std::size_t size = p.size();
+  std::vector<double> w(size, 0.0);
+  if (options.temperature == 0.0) {
+    const auto best = static_cast<std::size_t>(std::max_element(p.begin(), p.end()) - p.begin());
+    w[best] = 1.0;
+    return w;
+  }
+  const double maximum = *std::max_element(p.begin(), p.end());
+  for (std::size_t j = 0; j < size; ++j) w[j] = std::pow(p[j] / maximum, 1.0 / options.temperature);
+  std::vector<std::size_t> order;
+  for (std::size_t j = 0; j < size; ++j) {
+    if (w[j] > 0.0) order.push_back(j);
+  }
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t a, std::size_t b) { return w[a] > w[b] || (w[a] == w[b] && a < b); });
+  std::size_t kept = order.size();
+  if (options.top_k != 0) kept = std::min(kept, options.top_k);
+  if (options.top_p < 1.0) {
+    double mass = 0.0;
+    for (std::size_t i = 0; i < kept; ++i) mass += w[order[i]];
+    double reached = 0.0;
+    for (std::size_t i = 0; i < kept; ++i) {
+      reached += w[order[i]];
+      if (reached >= options.top_p * mass) {
+        kept = i + 1;
+        break;
+      }
+    }
+  }
+  const double top = w[order[0]];
+  std::vector<double> out(size, 0.0);
+  for (std::size_t i = 0; i < kept; ++i) {
+    const std::size_t j = order[i];
+    if (w[j] >= options.min_p * top) out[j] = w[j];
+  }
+  const double total = std::accumulate(out.begin(), out.end(), 0.0);
+  for (double& x : out) x /= total;
+  return out;
+}
+
+template <class T>
+std::vector<T> random_row(std::size_t size, std::uint64_t seed, double zero_fraction = 0.0) {
+  specdec::xoshiro256pp g(seed);
+  std::vector<T> row(size);
+  double total = 0.0;
+  for (auto& x : row) {
+    const double u = specdec::uniform01<double>(g);
+    const double v = specdec::uniform01<double>(g);
+    x = v < zero_fraction ? T(0) : static_cast<T>(std::exp(4.0 * u));  // spread of e^4
+    total += static_cast<double>(x);
+  }
+  for (auto& x : row) x = static_cast<T>(static_cast<double>(x) / total);
+  return row;
+}
+
+template <class T>
+std::vector<double> to_double(const std::vector<T>& row) {
+  return {row.begin(), row.end()};
+}
+
+template <class T>
+std::vector<T> standardized(const std::vector<T>& row, const SamplingOptions& options) {
+  std::vector<T> out(row.size());
+  specdec::Standardizer<T> standardizer(options);
+  standardizer.apply(std::span<const T>(row), std::span<T>(out));
+  return out;
+}
+
+template <class T>
+std::vector<std::size_t> support(const std::vector<T>& row) {
+  std::vector<std::size_t> ids;
+  for (std::size_t j = 0; j < row.size(); ++j) {
+    if (row[j] > T(0)) ids.push_back(j);
+  }
+  return ids;
+}
+
+template <class T>
+double tolerance() {
+  return std::is_same_v<T, float> ? 2e-5 : 1e-12;
+}
+
+void require_invalid_option(const SamplingOptions& options, const std::string& name) {
+  try {
+    options.validate();
+    FAIL("validate() accepted an invalid " << name);
+  } catch (const specdec::error& e) {
+    CHECK(e.code() == specdec::errc::invalid_option);
+    CHECK_THAT(e.what(), Catch::Matchers::ContainsSubstring(name));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("SamplingOptions: defaults are the identity; bad values name the option", "[sampling]") {
+  const SamplingOptions defaults;
+  CHECK(defaults.identity());
+  CHECK_FALSE(defaults.greedy());
+  CHECK(SamplingOptions{.temperature = 0.0}.greedy());
+  CHECK_FALSE(SamplingOptions{.top_k = 3}.identity());
+  CHECK_FALSE(SamplingOptions{.top_p = 0.9}.identity());
+  CHECK_FALSE(SamplingOptions{.min_p = 0.1}.identity());
+  CHECK_FALSE(SamplingOptions{.temperature = 0.5}.identity());
+  CHECK_NOTHROW(
+      SamplingOptions{.temperature = 0.0, .top_k = 1, .top_p = 1.0, .min_p = 1.0}.validate());
+
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const double inf = std::numeric_limits<double>::infinity();
+  require_invalid_option({.temperature = -0.5}, "temperature");
+  require_invalid_option({.temperature = nan}, "temperature");
+  require_invalid_option({.temperature = inf}, "temperature");
+  require_invalid_option({.top_p = 0.0}, "top_p");
+  require_invalid_option({.top_p = 1.5}, "top_p");
+  require_invalid_option({.top_p = nan}, "top_p");
+  require_invalid_option({.min_p = -0.1}, "min_p");
+  require_invalid_option({.min_p = 1.01}, "min_p");
+  CHECK_THROWS_AS(specdec::Standardizer<float>(SamplingOptions{.top_p = 2.0}), specdec::error);
+}
+
+TEMPLATE_TEST_CASE("Standardizer: identity options copy the row", "[sampling]", float, double) {
+  const auto row = random_row<TestType>(37, 1);
+  CHECK(standardized(row, SamplingOptions{}) == row);
+}
+
+TEMPLATE_TEST_CASE("Standardizer: temperature is the normalized power p^(1/T)", "[sampling]", float,
+                   double) {
+  const auto row = random_row<TestType>(101, 2, 0.2);
+  for (const double temperature : {0.3, 0.7, 1.0, 1.5, 4.0}) {
+    const SamplingOptions options{.temperature = temperature};
+    const auto out = standardized(row, options);
+    const auto expected = reference_standardize(to_double(row), options);
+    for (std::size_t j = 0; j < row.size(); ++j) {
+      CHECK(static_cast<double>(out[j]) ==
+            Catch::Approx(expected[j]).margin(tolerance<TestType>()));
+      if (row[j] == TestType(0)) CHECK(out[j] == TestType(0));  // zeros stay zero
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("Standardizer: temperature on logits equals the power on probabilities",
+                   "[sampling]", float, double) {
+  const auto row = random_row<TestType>(64, 3, 0.1);
+  std::vector<TestType> logits(row.size());
+  for (std::size_t j = 0; j < row.size(); ++j) {
+    // log-probabilities shifted by an arbitrary constant; log(0) = -inf
+    logits[j] = static_cast<TestType>(std::log(static_cast<double>(row[j])) + 17.0);
+  }
+  for (const double temperature : {0.25, 0.7, 1.0, 2.0}) {
+    const SamplingOptions options{.temperature = temperature, .top_k = 40, .top_p = 0.9};
+    const auto from_probabilities = specdec::standardize(row, options);
+    const auto from_logits = specdec::standardize_logits(logits, options);
+    REQUIRE(support(from_probabilities) == support(from_logits));
+    for (std::size_t j = 0; j < row.size(); ++j) {
+      CHECK(
+          static_cast<double>(from_logits[j]) ==
+          Catch::Approx(static_cast<double>(from_probabilities[j])).margin(tolerance<TestType>()));
+    }
+    // and both equal softmax(logits / T) computed directly
+    std::vector<double> scaled(logits.size());
+    for (std::size_t j = 0; j < logits.size(); ++j) {
+      scaled[j] = static_cast<double>(logits[j]) / temperature;
+    }
+    std::vector<double> direct(scaled.size());
+    specdec::softmax(std::span<const double>(scaled), std::span<double>(direct));
+    const auto truncated = reference_standardize(direct, {.top_k = 40, .top_p = 0.9});
+    for (std::size_t j = 0; j < logits.size(); ++j) {
+      CHECK(static_cast<double>(from_logits[j]) ==
+            Catch::Approx(truncated[j]).margin(tolerance<TestType>()));
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("Standardizer: T = 0 is one-hot at the lowest argmax; T -> 0 approaches it",
+                   "[sampling]", float, double) {
+  std::vector<TestType> row = {TestType(0.1), TestType(0.3), TestType(0.2), TestType(0.3),
+                               TestType(0.1)};
+  const auto greedy = standardized(row, {.temperature = 0.0, .top_k = 3, .top_p = 0.5});
+  CHECK(greedy == std::vector<TestType>{0, 1, 0, 0, 0});  // ties: lowest id (1, not 3)
+
+  // tiny T: ties at the maximum share the mass; everything else vanishes
+  for (const double temperature : {1e-3, 1e-30, 1e-300}) {
+    const auto cold = standardized(row, {.temperature = temperature});
+    CHECK(static_cast<double>(cold[1]) == Catch::Approx(0.5));
+    CHECK(static_cast<double>(cold[3]) == Catch::Approx(0.5));
+    CHECK(static_cast<double>(cold[0]) < 1e-100);  // (1/3)^1000 underflows only in float
+    CHECK(static_cast<double>(cold[2]) < 1e-100);
+  }
+  // unique maximum: tiny T approaches the one-hot argmax
+  row[3] = TestType(0.29);
+  const auto cold = standardized(row, {.temperature = 1e-3});
+  CHECK(static_cast<double>(cold[1]) == Catch::Approx(1.0));
+  CHECK(static_cast<double>(cold[3]) < 1e-12);
+  // T so small that 1/T overflows: the limit is taken directly
+  const auto frozen = standardized(row, {.temperature = std::numeric_limits<double>::denorm_min()});
+  CHECK(frozen == std::vector<TestType>{0, 1, 0, 0, 0});
+}
+
+TEMPLATE_TEST_CASE("Standardizer: top-k keeps the k most probable, lower ids win ties",
+                   "[sampling]", float, double) {
+  const std::vector<TestType> row = {TestType(0.1), TestType(0.2),  TestType(0.2),
+                                     TestType(0.2), TestType(0.05), TestType(0.25)};
+  const auto top2 = standardized(row, {.top_k = 2});
+  CHECK(support(top2) == std::vector<std::size_t>{1, 5});  // 0.25, then the first 0.2
+  CHECK(static_cast<double>(top2[5]) == Catch::Approx(0.25 / 0.45));
+  CHECK(support(standardized(row, {.top_k = 3})) == std::vector<std::size_t>{1, 2, 5});
+  CHECK(support(standardized(row, {.top_k = 1})) == std::vector<std::size_t>{5});
+
+  // k >= V and k >= number of non-zero entries: no-op
+  const std::vector<TestType> sparse = {TestType(0.5), TestType(0), TestType(0.5)};
+  CHECK(standardized(row, {.top_k = 6}) == row);
+  CHECK(standardized(row, {.top_k = 1000}) == row);
+  CHECK(standardized(sparse, {.top_k = 2}) == sparse);
+  CHECK(standardized(sparse, {.top_k = 1}) == std::vector<TestType>{1, 0, 0});
+}
+
+TEMPLATE_TEST_CASE("Standardizer: top-p keeps the smallest prefix reaching p", "[sampling]", float,
+                   double) {
+  const std::vector<TestType> row = {TestType(0.125), TestType(0.25), TestType(0.5),
+                                     TestType(0.125)};
+  CHECK(support(standardized(row, {.top_p = 0.5})) == std::vector<std::size_t>{2});  // exactly p
+  CHECK(support(standardized(row, {.top_p = 0.51})) == std::vector<std::size_t>{1, 2});
+  CHECK(support(standardized(row, {.top_p = 0.75})) == std::vector<std::size_t>{1, 2});
+  // the tie between ids 0 and 3 at 0.125: the lower id enters first
+  CHECK(support(standardized(row, {.top_p = 0.8})) == std::vector<std::size_t>{0, 1, 2});
+  CHECK(support(standardized(row, {.top_p = 1e-9})) == std::vector<std::size_t>{2});
+  // p = 1: no-op, even for zero entries
+  const std::vector<TestType> sparse = {TestType(0.25), TestType(0), TestType(0.75)};
+  CHECK(standardized(sparse, {.top_p = 1.0}) == sparse);
+}
+
+TEMPLATE_TEST_CASE("Standardizer: min-p keeps tokens >= min_p * max", "[sampling]", float, double) {
+  const std::vector<TestType> row = {TestType(0.1), TestType(0.4), TestType(0.2), TestType(0.3)};
+  CHECK(support(standardized(row, {.min_p = 0.5})) == std::vector<std::size_t>{1, 2, 3});  // >= 0.2
+  CHECK(support(standardized(row, {.min_p = 0.51})) == std::vector<std::size_t>{1, 3});
+  CHECK(support(standardized(row, {.min_p = 1.0})) == std::vector<std::size_t>{1});
+  const std::vector<TestType> tied = {TestType(0.4), TestType(0.2), TestType(0.4)};
+  CHECK(support(standardized(tied, {.min_p = 1.0})) == std::vector<std::size_t>{0, 2});
+}
+
+TEMPLATE_TEST_CASE("Standardizer: combined settings match the full-sort reference", "[sampling]",
+                   float, double) {
+  // Large rows exercise the selection by halving in top-p (more than 32 candidates).
+  specdec::xoshiro256pp g(11);
+  specdec::Standardizer<TestType> standardizer(SamplingOptions{});
+  for (int trial = 0; trial < 200; ++trial) {
+    const std::size_t size = 1 + specdec::uniform_below(g, 3000);
+    const auto row = random_row<TestType>(size, 100 + static_cast<std::uint64_t>(trial), 0.3);
+    if (support(row).empty()) continue;
+    SamplingOptions options;
+    options.top_k = specdec::uniform_below(g, 3) == 0 ? 0 : specdec::uniform_below(g, size + 5);
+    options.top_p = specdec::uniform_below(g, 4) == 0 ? 1.0 : specdec::uniform01<double>(g);
+    if (options.top_p == 0.0) options.top_p = 0.5;
+    options.min_p = specdec::uniform_below(g, 2) == 0 ? 0.0 : 0.2 * specdec::uniform01<double>(g);
+    INFO("trial " << trial << " V = " << size << " top_k = " << options.top_k
+                  << " top_p = " << options.top_p << " min_p = " << options.min_p);
+    standardizer = specdec::Standardizer<TestType>(options);
+    std::vector<TestType> out(size);
+    const double top = standardizer.apply(std::span<const TestType>(row), std::span<TestType>(out));
+    const auto expected = reference_standardize(to_double(row), options);
+    REQUIRE(support(out) == support(expected));
+    double total = 0.0;
+    for (std::size_t j = 0; j < size; ++j) {
+      total += static_cast<double>(out[j]);
+      CHECK(static_cast<double>(out[j]) ==
+            Catch::Approx(expected[j]).margin(tolerance<TestType>()));
+    }
+    CHECK(total == Catch::Approx(1.0).margin(1e-5));
+    CHECK(top == Catch::Approx(*std::max_element(expected.begin(), expected.end())));
+  }
+}
+
+TEMPLATE_TEST_CASE("Standardizer: double rows into float output and in-place use", "[sampling]",
+                   float, double) {
+  const auto row = random_row<double>(50, 5);
+  const SamplingOptions options{.temperature = 0.8, .top_k = 10};
+  specdec::Standardizer<TestType> standardizer(options);
+  std::vector<TestType> out(row.size());
+  standardizer.apply(std::span<const double>(row), std::span<TestType>(out));
+  const auto expected = reference_standardize(row, options);
+  for (std::size_t j = 0; j < row.size(); ++j) {
+    CHECK(static_cast<double>(out[j]) == Catch::Approx(expected[j]).margin(tolerance<TestType>()));
+  }
+  std::vector<TestType> in_place(row.begin(), row.end());
+  standardizer.apply(std::span<const TestType>(in_place), std::span<TestType>(in_place));
+  CHECK(support(in_place) == support(out));
+}
+
+TEMPLATE_TEST_CASE("softmax is stable for large and -inf logits", "[sampling]", float, double) {
+  const TestType inf = std::numeric_limits<TestType>::infinity();
+  const std::vector<TestType> logits = {TestType(1000), TestType(1001), -inf, TestType(999)};
+  std::vector<TestType> out(logits.size());
+  specdec::softmax(std::span<const TestType>(logits), std::span<TestType>(out));
+  const double e1 = std::exp(-1.0);
+  const double e2 = std::exp(-2.0);
+  const double total = 1.0 + e1 + e2;
+  CHECK(static_cast<double>(out[1]) == Catch::Approx(1.0 / total));
+  CHECK(static_cast<double>(out[0]) == Catch::Approx(e1 / total));
+  CHECK(static_cast<double>(out[3]) == Catch::Approx(e2 / total));
+  CHECK(out[2] == TestType(0));
+
+  const std::vector<TestType> impossible = {-inf, -inf};
+  std::vector<TestType> zero(2, TestType(7));
+  specdec::softmax(std::span<const TestType>(impossible), std::span<TestType>(zero));
+  CHECK(zero == std::vector<TestType>{0, 0});
+}
+
+namespace {
+
+struct LogitsOnly {
+  std::vector<float> logits = {0.0F, 1.0F, 2.0F};
+  std::size_t vocab_size() const { return logits.size(); }
+  std::span<const float> next_token_logits(std::span<const token_id>) { return logits; }
+};
+
+struct BatchedLogits : LogitsOnly {
+  std::vector<double> storage;
+  specdec::RowsView<const double> score_draft_logits(std::span<const token_id>,
+                                                     std::span<const token_id> draft) {
+    storage.clear();
+    for (std::size_t i = 0; i <= draft.size(); ++i) {
+      for (std::size_t j = 0; j < 3; ++j) storage.push_back(static_cast<double>(i * j));
+    }
+    return {storage.data(), draft.size() + 1, 3};
+  }
+};
+
+}  // namespace
+
+TEST_CASE("LogitsModel adapts logits models to LanguageModel", "[sampling]") {
+  STATIC_REQUIRE(specdec::LogitsLanguageModel<LogitsOnly>);
+  STATIC_REQUIRE_FALSE(specdec::LanguageModel<LogitsOnly>);
+  STATIC_REQUIRE(specdec::LanguageModel<specdec::LogitsModel<LogitsOnly>>);
+  STATIC_REQUIRE_FALSE(specdec::BatchedLanguageModel<specdec::LogitsModel<LogitsOnly>>);
+  STATIC_REQUIRE(specdec::BatchedLanguageModel<specdec::LogitsModel<BatchedLogits>>);
+
+  LogitsOnly model;
+  specdec::LogitsModel adapter(model);
+  CHECK(adapter.vocab_size() == 3);
+  const auto row = adapter.next_token_probabilities({});
+  const double total = 1.0 + std::exp(1.0) + std::exp(2.0);
+  CHECK(static_cast<double>(row[2]) == Catch::Approx(std::exp(2.0) / total).epsilon(1e-6));
+  CHECK(&adapter.model() == &model);
+
+  BatchedLogits batched;
+  specdec::LogitsModel batched_adapter(batched);
+  const std::vector<token_id> draft = {1, 2};
+  const auto rows = batched_adapter.score_draft({}, draft);
+  REQUIRE(rows.rows() == 3);
+  CHECK(rows(0, 0) == Catch::Approx(1.0 / 3.0));  // logits all 0: uniform
+  const double total2 = 1.0 + std::exp(2.0) + std::exp(4.0);
+  CHECK(rows(2, 2) == Catch::Approx(std::exp(4.0) / total2));
+}
