@@ -157,7 +157,109 @@ class AnyGammaPolicy {
   std::unique_ptr<concept_base> holder_;
 };
 
+/// Configuration of AdditiveGamma.
+struct AdditiveGammaOptions {
+  std::size_t initial = 4;    ///< gamma of the first step, within [min_gamma, max_gamma]
+  std::size_t min_gamma = 1;  ///< >= 1
+  std::size_t max_gamma = 16;
+  std::size_t increase = 2;  ///< added after a step whose drafts were all accepted
+  std::size_t decrease = 1;  ///< subtracted after a step with a rejection
+};
+
+/// The additive heuristic: gamma grows by 2 after a step in which every drafted token was
+/// accepted and shrinks by 1 after a step with a rejection, within [min_gamma, max_gamma].
+/// A step that drafted nothing (a proposal drafter with no proposal) leaves gamma alone:
+/// it says nothing about acceptance.
+class AdditiveGamma {
+ public:
+  /// Throws specdec::error (invalid_option) unless 1 <= min_gamma <= initial <= max_gamma.
+  explicit AdditiveGamma(AdditiveGammaOptions options = {}) : options_(options) {
+    if (options.min_gamma == 0 || options.min_gamma > options.max_gamma ||
+        options.initial < options.min_gamma || options.initial > options.max_gamma)
+      detail::throw_error(
+          errc::invalid_option,
+          "AdditiveGamma: need 1 <= min_gamma <= initial <= max_gamma, got min_gamma ",
+          options.min_gamma, ", initial ", options.initial, ", max_gamma ", options.max_gamma);
+    gamma_ = options.initial;
+  }
+
+  [[nodiscard]] std::size_t next_gamma() const noexcept { return gamma_; }
+  [[nodiscard]] bool continue_drafting(double /*top_probability*/,
+                                       std::size_t /*drafted*/) const noexcept {
+    return true;
+  }
+  void observe(const StepFeedback& feedback) noexcept {
+    if (feedback.drafted == 0) return;
+    if (feedback.accepted >= feedback.drafted) {
+      gamma_ = options_.max_gamma - gamma_ > options_.increase ? gamma_ + options_.increase
+                                                               : options_.max_gamma;
+    } else {
+      gamma_ = gamma_ - options_.min_gamma > options_.decrease ? gamma_ - options_.decrease
+                                                               : options_.min_gamma;
+    }
+  }
+  [[nodiscard]] bool needs_timing() const noexcept { return false; }
+
+  [[nodiscard]] const AdditiveGammaOptions& options() const noexcept { return options_; }
+
+ private:
+  AdditiveGammaOptions options_;
+  std::size_t gamma_ = 4;
+};
+
+/// Stops drafting as soon as the draft is unsure: after a drafted token whose draft top
+/// probability (the largest standardized q entry at its position) is below `threshold`,
+/// no further token is drafted this step. Low draft confidence predicts rejection, and a
+/// token after a likely rejection is likely wasted. How many tokens to draft at most comes
+/// from the inner policy (FixedGamma(max_gamma) by default; any GammaPolicy composes, e.g.
+/// ConfidenceStop<OptimalGammaController>), which also receives every observation.
+/// Proposal-only drafters report top probability 1 and are never stopped.
+/// @code
+/// specdec::ConfidenceStop stop(0.4, 12);  // up to 12 tokens, stop below q_max = 0.4
+/// specdec::ConfidenceStop adaptive(0.3, specdec::AdditiveGamma{});
+/// @endcode
+template <class Inner = FixedGamma>
+requires GammaPolicy<Inner>
+class ConfidenceStop {
+ public:
+  /// Throws specdec::error (invalid_option) unless 0 <= threshold <= 1.
+  ConfidenceStop(double threshold, Inner inner) : threshold_(threshold), inner_(std::move(inner)) {
+    if (!(threshold >= 0.0 && threshold <= 1.0))
+      detail::throw_error(errc::invalid_option, "ConfidenceStop: threshold ", threshold,
+                          " is outside [0, 1]");
+  }
+
+  /// Drafts up to `max_gamma` tokens (FixedGamma(max_gamma) inside).
+  ConfidenceStop(double threshold, std::size_t max_gamma) requires std::same_as<Inner, FixedGamma>
+      : ConfidenceStop(threshold, FixedGamma(max_gamma)) {}
+
+  [[nodiscard]] std::size_t next_gamma() const {
+    return static_cast<std::size_t>(inner_.next_gamma());
+  }
+  [[nodiscard]] bool continue_drafting(double top_probability, std::size_t drafted) const {
+    return top_probability >= threshold_ &&
+           static_cast<bool>(inner_.continue_drafting(top_probability, drafted));
+  }
+  void observe(const StepFeedback& feedback) { inner_.observe(feedback); }
+  [[nodiscard]] bool needs_timing() const { return static_cast<bool>(inner_.needs_timing()); }
+
+  [[nodiscard]] double threshold() const noexcept { return threshold_; }
+  [[nodiscard]] const Inner& inner() const noexcept { return inner_; }
+
+ private:
+  double threshold_;
+  Inner inner_;
+};
+
+template <class Inner>
+ConfidenceStop(double, Inner) -> ConfidenceStop<Inner>;
+ConfidenceStop(double, std::size_t)->ConfidenceStop<FixedGamma>;
+ConfidenceStop(double, int)->ConfidenceStop<FixedGamma>;
+
 static_assert(GammaPolicy<FixedGamma>);
 static_assert(GammaPolicy<AnyGammaPolicy>);
+static_assert(GammaPolicy<AdditiveGamma>);
+static_assert(GammaPolicy<ConfidenceStop<>>);
+static_assert(GammaPolicy<ConfidenceStop<AdditiveGamma>>);
 
 }  // namespace specdec
