@@ -1,6 +1,7 @@
 // specdec — umbrella header: includes every public header, nothing else.
 #pragma once
 
+#include "specdec/analysis.hpp"     // IWYU pragma: export
 #include "specdec/concepts.hpp"   // IWYU pragma: export
 #include "specdec/config.hpp"     // IWYU pragma: export
 #include "specdec/error.hpp"      // IWYU pragma: export

@@ -1,0 +1,439 @@
+// specdec — acceptance-rate mathematics of speculative decoding (paper Sec. 3, App. A.5).
+//
+// Notation: p = target distribution, q = draft distribution, beta = sum_x min(p(x), q(x))
+// the acceptance rate at one position (Def. 3.1, Thm. 3.5), alpha = E[beta] (Cor. 3.6),
+// gamma the number of drafted tokens per step, c the draft/target walltime cost ratio
+// (Def. 3.7), c_hat the draft/target arithmetic-operations ratio (Def. 3.10).
+//
+// Everything here is pure math. The scalar functions are constexpr (integer powers by
+// squaring, no <cmath>); the functions that take rows accept any ProbabilityVector of
+// float or double and accumulate in double. Arguments outside their domain throw
+// `specdec::error` with code `errc::domain` (probability rows: `invalid_size`,
+// `invalid_probability`); the message names the function, the argument and its value:
+//   - alpha (and every beta) outside [0, 1], NaN included;
+//   - gamma < 1 (gamma is a std::size_t, so gamma == 0);
+//   - c or c_hat negative, NaN or infinite;
+//   - lenience l outside (0, 1];
+//   - a confidence level outside (0, 1).
+#pragma once
+
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <ranges>
+
+#include "specdec/concepts.hpp"
+#include "specdec/error.hpp"
+
+namespace specdec {
+
+namespace detail {
+
+constexpr void check_alpha(const char* function, const char* name, double value) {
+  if (!(value >= 0.0 && value <= 1.0)) {  // also rejects NaN
+    throw_error(errc::domain, function, ": ", name, " = ", value, " is outside [0, 1]");
+  }
+}
+
+constexpr void check_gamma(const char* function, std::size_t gamma) {
+  if (gamma == 0) throw_error(errc::domain, function, ": gamma = ", gamma, " must be >= 1");
+}
+
+constexpr void check_cost(const char* function, const char* name, double value) {
+  if (!(value >= 0.0 && value <= std::numeric_limits<double>::max())) {
+    throw_error(errc::domain, function, ": ", name, " = ", value, " must be finite and >= 0");
+  }
+}
+
+/// x^n by repeated squaring (constexpr, unlike std::pow).
+constexpr double integer_power(double x, std::size_t n) noexcept {
+  double result = 1.0;
+  while (n != 0) {
+    if ((n & 1U) != 0) result *= x;
+    x *= x;
+    n >>= 1U;
+  }
+  return result;
+}
+
+/// (1 - alpha^(gamma+1)) / (1 - alpha) = 1 + alpha + ... + alpha^gamma, accurate for every
+/// alpha in [0, 1] including alpha -> 1 (limit gamma + 1), where the closed form would
+/// cancel catastrophically. Three regimes, each with relative error of a few ulps for
+/// gamma up to the thousands:
+///  - gamma <= 64: Horner's rule on the sum (positive terms, exact for gamma = 1);
+///  - n d < 2 with n = gamma + 1, d = 1 - alpha: the binomial series
+///    (1 - (1 - d)^n) / d = sum_{k>=1} (-1)^(k+1) C(n, k) d^(k-1), whose cancellation
+///    costs at most a factor e^(n d) < 7.4 in rounding error;
+///  - otherwise alpha^n <= e^-2, so the closed form (1 - alpha^n) / d loses nothing
+///    (alpha^n by squaring, constexpr unlike std::pow).
+constexpr double geometric_sum(double alpha, std::size_t gamma) noexcept {
+  if (gamma <= 64) {
+    double sum = 1.0;
+    for (std::size_t k = 0; k < gamma; ++k) sum = 1.0 + alpha * sum;
+    return sum;
+  }
+  const double n = static_cast<double>(gamma) + 1.0;
+  const double d = 1.0 - alpha;
+  if (n * d < 2.0) {
+    double term = n;  // C(n, 1) d^0
+    double sum = term;
+    for (double k = 1.0; k < n; k += 1.0) {
+      term *= -(n - k) / (k + 1.0) * d;  // (-1)^k C(n, k + 1) d^k
+      sum += term;
+      if (!(term > 1e-18 * sum || -term > 1e-18 * sum)) break;
+    }
+    return sum;
+  }
+  return (1.0 - integer_power(alpha, gamma) * alpha) / d;
+}
+
+/// Sum over x of f(p(x), q(x)) in double with four accumulators, after checking sizes and
+/// that every entry is finite and >= 0.
+template <class F, ProbabilityVector P, ProbabilityVector Q>
+double sum_over_pairs(const char* function, const P& p, const Q& q, F pair_term) {
+  const auto target = as_span(p);
+  const auto draft = as_span(q);
+  if (target.size() != draft.size()) {
+    throw_error(errc::invalid_size, function, ": target p has ", target.size(),
+                " entries but draft q has ", draft.size());
+  }
+  constexpr double largest = std::numeric_limits<double>::max();
+  double partial[4] = {0.0, 0.0, 0.0, 0.0};
+  bool valid = true;
+  const auto accumulate = [&](std::size_t x, std::size_t lane) {
+    const auto px = static_cast<double>(target[x]);
+    const auto qx = static_cast<double>(draft[x]);
+    valid &= (px >= 0.0) & (px <= largest) & (qx >= 0.0) & (qx <= largest);
+    partial[lane] += pair_term(px, qx);
+  };
+  const std::size_t size = target.size();
+  const std::size_t blocked = size - size % 4;
+  for (std::size_t x = 0; x < blocked; x += 4) {
+    for (std::size_t lane = 0; lane < 4; ++lane) accumulate(x + lane, lane);
+  }
+  for (std::size_t x = blocked; x < size; ++x) accumulate(x, x - blocked);
+  if (!valid) {  // locate the first offender only on the error path
+    const auto check = [&](const auto& row, const char* name, std::size_t x) {
+      const auto value = static_cast<double>(row[x]);
+      if (!(value >= 0.0 && value <= largest)) {
+        throw_error(errc::invalid_probability, function, ": ", name, ", token ", x,
+                    ": probability ", value, " is not finite and >= 0");
+      }
+    };
+    for (std::size_t x = 0; x < size; ++x) {
+      check(target, "target p", x);
+      check(draft, "draft q", x);
+    }
+  }
+  return (partial[0] + partial[1]) + (partial[2] + partial[3]);
+}
+
+}  // namespace detail
+
+// ---------------------------------------------------------------------------------------
+// Acceptance rate of one position (Sec. 3.2, App. A.5)
+// ---------------------------------------------------------------------------------------
+
+/// beta = sum_x min(p(x), q(x)): the probability that speculative sampling accepts
+/// x ~ q (Definition 3.1, Theorem 3.5). `p` is the target row, `q` the draft row, both of
+/// the same length; float and double rows may be mixed. Rows are expected to sum to 1
+/// (not checked). Throws `invalid_size` for different lengths and `invalid_probability`
+/// for a NaN, infinite or negative entry.
+template <ProbabilityVector P, ProbabilityVector Q>
+[[nodiscard]] double beta(const P& p, const Q& q) {
+  return detail::sum_over_pairs("beta", p, q,
+                                [](double px, double qx) { return px < qx ? px : qx; });
+}
+
+/// D_LK(p, q) = sum_x |p(x) - M(x)| with M = (p + q) / 2, which equals 1 - beta
+/// (Definition 3.2, Lemma 3.3): a symmetric divergence in [0, 1] (Cor. 3.4), 0 iff p = q,
+/// 1 iff p and q have disjoint supports. Same requirements and errors as `beta`.
+template <ProbabilityVector P, ProbabilityVector Q>
+[[nodiscard]] double lk_divergence(const P& p, const Q& q) {
+  return 1.0 - beta(p, q);
+}
+
+/// Acceptance rate with lenience l in (0, 1] (App. A.5): q is multiplied by l before the
+/// comparison with p, so x ~ q is accepted with probability min(1, p(x) / (l q(x))) and
+/// the acceptance rate is sum_x min(p(x) / l, q(x)). With l = 1 this is `beta`. Lenience
+/// changes the output distribution: no token is sampled with probability above p(x) / l.
+/// Throws `domain` for l outside (0, 1], otherwise as `beta`.
+template <ProbabilityVector P, ProbabilityVector Q>
+[[nodiscard]] double lenient_beta(const P& p, const Q& q, double lenience) {
+  if (!(lenience > 0.0 && lenience <= 1.0)) {
+    detail::throw_error(errc::domain, "lenient_beta: lenience l = ", lenience,
+                        " is outside (0, 1]");
+  }
+  return detail::sum_over_pairs("lenient_beta", p, q, [lenience](double px, double qx) {
+    const double scaled = px / lenience;
+    return scaled < qx ? scaled : qx;
+  });
+}
+
+// ---------------------------------------------------------------------------------------
+// Tokens per step, walltime and operations (Sec. 3.1, 3.3, 3.4, 3.5)
+// ---------------------------------------------------------------------------------------
+
+/// Expected number of tokens one run of Algorithm 1 produces when the betas are i.i.d.
+/// with mean alpha: (1 - alpha^(gamma+1)) / (1 - alpha) (Equation 1), a capped geometric
+/// variable. Equals gamma + 1 at alpha = 1 (the limit) and 1 at alpha = 0; accurate
+/// near alpha = 1 (no cancellation). It is also the factor by which the number of serial
+/// target calls shrinks. Throws `domain` for alpha outside [0, 1] or gamma < 1.
+[[nodiscard]] constexpr double expected_tokens_per_step(double alpha, std::size_t gamma) {
+  detail::check_alpha("expected_tokens_per_step", "alpha", alpha);
+  detail::check_gamma("expected_tokens_per_step", gamma);
+  return detail::geometric_sum(alpha, gamma);
+}
+
+/// Expected tokens per step without the i.i.d. assumption (Sec. 3.1): `betas[i]` is the
+/// acceptance rate at draft position i + 1 (gamma = betas.size() >= 1), e.g. computed
+/// with `beta(p_i, q_i)` along a drafted sequence. Position i is reached only if all
+/// earlier drafts were accepted, so
+/// E[# tokens] = 1 + beta_1 + beta_1 beta_2 + ... + beta_1 ... beta_gamma.
+/// With all betas equal to alpha this is Equation 1. Throws `domain` for an empty range
+/// or a beta outside [0, 1].
+template <std::ranges::input_range R>
+requires std::floating_point<std::ranges::range_value_t<R>>
+[[nodiscard]] constexpr double expected_tokens_per_step(R&& betas) {
+  double tokens = 1.0;
+  double reach = 1.0;  // probability that every draft so far was accepted
+  std::size_t count = 0;
+  for (const auto value : betas) {
+    const auto position_beta = static_cast<double>(value);
+    detail::check_alpha("expected_tokens_per_step", "a per-position beta", position_beta);
+    reach *= position_beta;
+    tokens += reach;
+    ++count;
+  }
+  detail::check_gamma("expected_tokens_per_step (number of betas)", count);
+  return tokens;
+}
+
+/// Expected walltime improvement factor over standard decoding (Theorem 3.8):
+/// (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)). Assumes the gamma + 1 target
+/// evaluations of one step run in parallel in the time of one, and long generations.
+/// Throws `domain` for alpha outside [0, 1], gamma < 1, or c negative / not finite.
+[[nodiscard]] constexpr double walltime_improvement(double alpha, std::size_t gamma, double c) {
+  detail::check_alpha("walltime_improvement", "alpha", alpha);
+  detail::check_gamma("walltime_improvement", gamma);
+  detail::check_cost("walltime_improvement", "c", c);
+  return detail::geometric_sum(alpha, gamma) / (static_cast<double>(gamma) * c + 1.0);
+}
+
+/// Expected factor of increase in total arithmetic operations (Theorem 3.11):
+/// (1 - alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1)). At alpha = 1 it is
+/// (gamma c_hat + gamma + 1) / (gamma + 1). Throws `domain` for alpha outside [0, 1],
+/// gamma < 1, or c_hat negative / not finite.
+[[nodiscard]] constexpr double arithmetic_operations_factor(double alpha, std::size_t gamma,
+                                                            double c_hat) {
+  detail::check_alpha("arithmetic_operations_factor", "alpha", alpha);
+  detail::check_gamma("arithmetic_operations_factor", gamma);
+  detail::check_cost("arithmetic_operations_factor", "c_hat", c_hat);
+  const double g = static_cast<double>(gamma);
+  return (g * c_hat + g + 1.0) / detail::geometric_sum(alpha, gamma);
+}
+
+/// The walltime improvement at gamma = 1, (1 + alpha) / (1 + c) (Corollary 3.9). The best
+/// gamma is at least this good; if alpha > c the bound exceeds 1, i.e. some gamma gives a
+/// real improvement. Throws `domain` for alpha outside [0, 1] or c negative / not finite.
+[[nodiscard]] constexpr double min_improvement_bound(double alpha, double c) {
+  detail::check_alpha("min_improvement_bound", "alpha", alpha);
+  detail::check_cost("min_improvement_bound", "c", c);
+  return (1.0 + alpha) / (1.0 + c);
+}
+
+/// Upper bound 1 / (1 - alpha) on the expected tokens per target call, reached by a
+/// gamma oracle or in the limit gamma -> infinity with c = 0 (Sec. 3.5, 3.6).
+/// +infinity at alpha = 1. Throws `domain` for alpha outside [0, 1].
+[[nodiscard]] constexpr double oracle_improvement_bound(double alpha) {
+  detail::check_alpha("oracle_improvement_bound", "alpha", alpha);
+  return alpha == 1.0 ? std::numeric_limits<double>::infinity() : 1.0 / (1.0 - alpha);
+}
+
+/// The result of `optimal_gamma`.
+struct GammaChoice {
+  std::size_t gamma = 1;     ///< the gamma in [1, max_gamma] maximising Theorem 3.8
+  double improvement = 1.0;  ///< walltime_improvement(alpha, gamma, c) at that gamma
+};
+
+/// The integer gamma in [1, max_gamma] maximising the walltime improvement of
+/// Theorem 3.8 (Sec. 3.5, Figure 3). Cases with a closed answer: with c = 0 (and
+/// alpha > 0) or alpha = 1 (and c < 1) the factor grows with gamma, so the answer is
+/// max_gamma; with alpha = 0 or c >= 1 at alpha = 1 it is 1. Otherwise an exhaustive
+/// search that takes the smallest gamma attaining the largest computed factor and stops
+/// once even the bound 1 / ((1 - alpha)(gamma c + 1)) falls clearly below the best so far
+/// (so its cost is bounded by about 1 / ((1 - alpha) c) steps, whatever max_gamma). If
+/// alpha <= c no gamma improves on standard decoding and the improvement is <= 1
+/// (Cor. 3.9). Throws `domain` for alpha outside [0, 1], c negative / not finite, or
+/// max_gamma < 1.
+[[nodiscard]] constexpr GammaChoice optimal_gamma(double alpha, double c, std::size_t max_gamma) {
+  detail::check_alpha("optimal_gamma", "alpha", alpha);
+  detail::check_cost("optimal_gamma", "c", c);
+  if (max_gamma == 0) {
+    detail::throw_error(errc::domain, "optimal_gamma: max_gamma = ", max_gamma, " must be >= 1");
+  }
+  const bool increasing = (c == 0.0 && alpha > 0.0) || (alpha == 1.0 && c < 1.0);
+  const bool flat_or_decreasing = alpha == 0.0 || alpha == 1.0;
+  if (increasing || flat_or_decreasing) {
+    const std::size_t gamma = increasing ? max_gamma : 1;
+    return {gamma, walltime_improvement(alpha, gamma, c)};
+  }
+  GammaChoice best{1, walltime_improvement(alpha, 1, c)};
+  for (std::size_t gamma = 2; gamma <= max_gamma; ++gamma) {
+    const double cost = static_cast<double>(gamma) * c + 1.0;
+    // Later gammas cannot beat the best, not even by rounding noise.
+    if (1.0 / ((1.0 - alpha) * cost) < best.improvement * (1.0 - 1e-12)) break;
+    const double improvement = detail::geometric_sum(alpha, gamma) / cost;
+    if (improvement > best.improvement) best = {gamma, improvement};
+  }
+  return best;
+}
+
+// ---------------------------------------------------------------------------------------
+// Estimating alpha online
+// ---------------------------------------------------------------------------------------
+
+/// A point estimate of alpha with a two-sided confidence interval.
+struct AlphaEstimate {
+  double alpha = std::numeric_limits<double>::quiet_NaN();  ///< NaN before any observation
+  double lower = 0.0;                                       ///< interval, within [0, 1]
+  double upper = 1.0;
+  double standard_error = std::numeric_limits<double>::infinity();
+  std::uint64_t observations = 0;  ///< Bernoulli trials or betas seen
+};
+
+namespace detail {
+
+/// z with P(|Z| > z) = 1 - confidence for a standard normal Z, by bisection on erfc.
+inline double two_sided_normal_quantile(const char* function, double confidence) {
+  if (!(confidence > 0.0 && confidence < 1.0)) {
+    throw_error(errc::domain, function, ": confidence = ", confidence, " is outside (0, 1)");
+  }
+  const double tail = 1.0 - confidence;
+  double lo = 0.0;
+  double hi = 40.0;
+  for (int i = 0; i < 200 && hi - lo > 1e-15 * hi; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (std::erfc(mid / std::sqrt(2.0)) > tail ? lo : hi) = mid;
+  }
+  return 0.5 * (lo + hi);
+}
+
+}  // namespace detail
+
+/// Online estimate of alpha from the accept/reject outcomes of speculative steps.
+///
+/// One step that drafted gamma tokens and accepted n of them observed n accepted drafts
+/// and, if n < gamma, one rejection at position n + 1; positions after a rejection are
+/// never tried. Under the i.i.d. assumption of Sec. 3.1 these are Bernoulli(alpha)
+/// trials stopped at the first failure (a truncated geometric per step), so
+/// alpha_hat = accepted / (accepted + rejections) is the maximum-likelihood estimate and
+/// is consistent. Counting the untried positions as rejections (accepted / (steps gamma))
+/// would be biased low. The interval is Wilson's score interval on those trials.
+/// @code
+/// specdec::AcceptanceEstimator estimator;
+/// estimator.observe_step(/*drafted=*/4, /*accepted=*/2);
+/// auto gamma = specdec::optimal_gamma(estimator.estimate().alpha, 0.05, 16).gamma;
+/// @endcode
+class AcceptanceEstimator {
+ public:
+  /// Records one step. Throws `domain` if accepted > drafted. A step with drafted == 0
+  /// (no proposal) counts as a step that produced one token and no trial.
+  void observe_step(std::size_t drafted, std::size_t accepted) {
+    if (accepted > drafted) {
+      detail::throw_error(errc::domain, "AcceptanceEstimator::observe_step: accepted = ", accepted,
+                          " exceeds drafted = ", drafted);
+    }
+    accepted_ += accepted;
+    if (accepted < drafted) ++rejections_;
+    ++steps_;
+  }
+
+  [[nodiscard]] std::uint64_t accepted() const noexcept { return accepted_; }
+  [[nodiscard]] std::uint64_t rejections() const noexcept { return rejections_; }
+  [[nodiscard]] std::uint64_t trials() const noexcept { return accepted_ + rejections_; }
+  [[nodiscard]] std::uint64_t steps() const noexcept { return steps_; }
+
+  /// Observed mean tokens per step (accepted drafts plus one target token per step), the
+  /// empirical counterpart of Equation 1. NaN before any step.
+  [[nodiscard]] double mean_tokens_per_step() const noexcept {
+    if (steps_ == 0) return std::numeric_limits<double>::quiet_NaN();
+    return static_cast<double>(accepted_ + steps_) / static_cast<double>(steps_);
+  }
+
+  /// alpha_hat with Wilson's score interval at the given confidence (default 95%); with
+  /// no trials yet, alpha is NaN and the interval is [0, 1]. Throws `domain` for a
+  /// confidence outside (0, 1).
+  [[nodiscard]] AlphaEstimate estimate(double confidence = 0.95) const {
+    const double z = detail::two_sided_normal_quantile("AcceptanceEstimator::estimate", confidence);
+    AlphaEstimate result;
+    result.observations = trials();
+    if (result.observations == 0) return result;
+    const auto n = static_cast<double>(result.observations);
+    const double share = static_cast<double>(accepted_) / n;
+    result.alpha = share;
+    result.standard_error = std::sqrt(share * (1.0 - share) / n);
+    const double z2 = z * z;
+    const double center = (share + z2 / (2.0 * n)) / (1.0 + z2 / n);
+    const double half =
+        z / (1.0 + z2 / n) * std::sqrt(share * (1.0 - share) / n + z2 / (4.0 * n * n));
+    result.lower = center - half < 0.0 ? 0.0 : center - half;
+    result.upper = center + half > 1.0 ? 1.0 : center + half;
+    return result;
+  }
+
+  void reset() noexcept { *this = AcceptanceEstimator{}; }
+
+ private:
+  std::uint64_t accepted_ = 0;
+  std::uint64_t rejections_ = 0;
+  std::uint64_t steps_ = 0;
+};
+
+/// Online estimate of alpha = E[beta] (Cor. 3.6) from observed per-position betas, e.g.
+/// `beta(p_i, q_i)` computed for the positions a decoder verified. Keeps a running mean
+/// and variance (Welford); the interval is mean +- z * standard error, clipped to [0, 1].
+/// This estimator has lower variance than counting accepts, since each beta is the
+/// exact acceptance probability at its position rather than one coin flip.
+class BetaEstimator {
+ public:
+  /// Records one beta. Throws `domain` if it is outside [0, 1].
+  void observe(double position_beta) {
+    detail::check_alpha("BetaEstimator::observe", "beta", position_beta);
+    ++count_;
+    const double delta = position_beta - mean_;
+    mean_ += delta / static_cast<double>(count_);
+    sum_squared_deviations_ += delta * (position_beta - mean_);
+  }
+
+  [[nodiscard]] std::uint64_t count() const noexcept { return count_; }
+
+  /// Mean beta with a normal-approximation interval; the standard error needs two
+  /// observations (before that it is infinite and the interval [0, 1]; with none, alpha
+  /// is NaN). Throws `domain` for a confidence outside (0, 1).
+  [[nodiscard]] AlphaEstimate estimate(double confidence = 0.95) const {
+    const double z = detail::two_sided_normal_quantile("BetaEstimator::estimate", confidence);
+    AlphaEstimate result;
+    result.observations = count_;
+    if (count_ == 0) return result;
+    result.alpha = mean_;
+    if (count_ < 2) return result;
+    const auto n = static_cast<double>(count_);
+    result.standard_error = std::sqrt(sum_squared_deviations_ / (n - 1.0) / n);
+    const double half = z * result.standard_error;
+    result.lower = mean_ - half < 0.0 ? 0.0 : mean_ - half;
+    result.upper = mean_ + half > 1.0 ? 1.0 : mean_ + half;
+    return result;
+  }
+
+  void reset() noexcept { *this = BetaEstimator{}; }
+
+ private:
+  std::uint64_t count_ = 0;
+  double mean_ = 0.0;
+  double sum_squared_deviations_ = 0.0;
+};
+
+}  // namespace specdec
