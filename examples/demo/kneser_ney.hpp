@@ -29,6 +29,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "specdec/concepts.hpp"
@@ -67,6 +68,16 @@ class KneserNeyModel {
     if (corpus.empty()) throw std::invalid_argument("Kneser-Ney corpus is empty");
     train(corpus);
     row_.resize(vocabulary);
+    if (order_ <= 2) {
+      // A bigram has only 256 full-length histories: tabulate them, so that a call is a
+      // lookup, as cheap as a draft model should be.
+      table_.resize(vocabulary * vocabulary);
+      for (std::size_t previous = 0; previous < vocabulary; ++previous) {
+        const auto token = static_cast<token_id>(previous);
+        probabilities(std::span<const token_id>(&token, 1),
+                      std::span<double>(table_.data() + previous * vocabulary, vocabulary));
+      }
+    }
   }
 
   [[nodiscard]] std::size_t vocab_size() const noexcept { return vocabulary; }
@@ -96,7 +107,8 @@ class KneserNeyModel {
       const double total = static_cast<double>(counts.total);
       const double backoff = discount * static_cast<double>(counts.types) / total;
       for (double& entry : out) entry *= backoff;
-      for (const Entry& entry : node.entries) {
+      for (std::size_t e = node.first; e < node.first + node.size; ++e) {
+        const Entry& entry = level.entries[e];
         const std::uint32_t count = raw ? entry.raw : entry.continuation;
         if (count > 0) out[entry.byte] += (static_cast<double>(count) - discount) / total;
       }
@@ -105,6 +117,10 @@ class KneserNeyModel {
 
   /// P(. | context): a view into a buffer owned by the model, valid until the next call.
   std::span<const double> next_token_probabilities(std::span<const token_id> context) {
+    if (!table_.empty() && !context.empty()) {
+      const auto previous = static_cast<std::size_t>(context.back() & 0xff);
+      return {table_.data() + previous * vocabulary, vocabulary};
+    }
     probabilities(context, row_);
     return row_;
   }
@@ -139,16 +155,19 @@ class KneserNeyModel {
     std::uint64_t total = 0;  // sum over w
     std::uint64_t types = 0;  // number of w with a non-zero count
   };
-  struct Node {  // one history h of a level
-    std::vector<Entry> entries;
+  struct Node {  // one history h of a level: entries [first, first + size) of the level
+    std::size_t first = 0;
+    std::size_t size = 0;
     Counts raw;
     Counts continuation;
   };
   struct Level {  // level k: histories of k - 1 bytes
     std::unordered_map<std::uint64_t, Node> nodes;
+    std::vector<Entry> entries;  // grouped by history, bytes ascending within a group
     double raw_discount = 0.5;
     double continuation_discount = 0.5;
   };
+  using GramCounts = std::vector<std::pair<std::uint64_t, std::uint32_t>>;  // sorted by gram
 
   static std::uint64_t history_key(std::span<const token_id> history) {
     std::uint64_t key = 0;
@@ -162,41 +181,69 @@ class KneserNeyModel {
            (static_cast<double>(singletons) + 2.0 * static_cast<double>(doubletons));
   }
 
+  // Sorts the keys and counts equal runs.
+  static GramCounts count_sorted(std::vector<std::uint64_t>& keys) {
+    std::sort(keys.begin(), keys.end());
+    GramCounts counts;
+    for (std::size_t i = 0; i < keys.size();) {
+      std::size_t j = i;
+      while (j < keys.size() && keys[j] == keys[i]) ++j;
+      counts.emplace_back(keys[i], static_cast<std::uint32_t>(j - i));
+      i = j;
+    }
+    return counts;
+  }
+
   void train(std::string_view corpus) {
     const std::vector<token_id> text = to_tokens(corpus);
-    // grams[k - 1]: the k-grams with their raw counts, keyed by their k packed bytes.
-    std::vector<std::unordered_map<std::uint64_t, std::uint32_t>> grams(order_);
+    // grams[k - 1]: the distinct k-grams (k packed bytes, oldest byte highest) with their
+    // raw counts, sorted, so the k-grams sharing a history are adjacent.
+    std::vector<GramCounts> grams(order_);
+    std::vector<std::uint64_t> keys;
     for (std::size_t k = 1; k <= order_; ++k) {
-      auto& counts = grams[k - 1];
-      counts.reserve(text.size());
+      keys.clear();
       for (std::size_t end = k; end <= text.size(); ++end)
-        ++counts[history_key(std::span<const token_id>(text.data() + end - k, k))];
+        keys.push_back(history_key(std::span<const token_id>(text.data() + end - k, k)));
+      grams[k - 1] = count_sorted(keys);
     }
     levels_.resize(order_);
     for (std::size_t k = 1; k <= order_; ++k) {
-      Level& level = levels_[k - 1];
-      std::uint64_t raw_counts_of_count[3] = {0, 0, 0};
-      for (const auto& [gram, count] : grams[k - 1]) {
-        entry_for(level, gram).raw = count;
-        if (count <= 2) ++raw_counts_of_count[count];
-      }
-      // Continuation counts of level k come from the distinct (k+1)-grams a h w.
+      // Continuation counts of the k-grams h w: the number of distinct (k+1)-grams a h w.
+      GramCounts continuations;
       if (k < order_) {
         const std::uint64_t mask = (std::uint64_t{1} << (8 * k)) - 1;  // k <= 7 here
-        for (const auto& entry : grams[k]) ++entry_for(level, entry.first & mask).continuation;
+        keys.clear();
+        for (const auto& gram : grams[k]) keys.push_back(gram.first & mask);
+        continuations = count_sorted(keys);
       }
+      Level& level = levels_[k - 1];
+      level.entries.reserve(grams[k - 1].size());
+      level.nodes.reserve(grams[k - 1].size());
+      std::uint64_t raw_counts_of_count[3] = {0, 0, 0};
       std::uint64_t continuation_counts_of_count[3] = {0, 0, 0};
-      for (auto& [key, node] : level.nodes) {
-        std::sort(node.entries.begin(), node.entries.end(),
-                  [](const Entry& a, const Entry& b) { return a.byte < b.byte; });
-        for (const Entry& entry : node.entries) {
-          node.raw.total += entry.raw;
-          node.raw.types += entry.raw > 0 ? 1 : 0;
-          node.continuation.total += entry.continuation;
-          node.continuation.types += entry.continuation > 0 ? 1 : 0;
-          if (entry.continuation == 1 || entry.continuation == 2)
-            ++continuation_counts_of_count[entry.continuation];
+      std::size_t next_continuation = 0;  // both lists are sorted: merge them
+      Node* node = nullptr;
+      std::uint64_t node_history = 0;
+      for (const auto& [gram, count] : grams[k - 1]) {
+        std::uint32_t continuation = 0;
+        if (next_continuation < continuations.size() &&
+            continuations[next_continuation].first == gram)
+          continuation = continuations[next_continuation++].second;
+        const std::uint64_t history = gram >> 8U;
+        if (node == nullptr || history != node_history) {
+          node = &level.nodes[history];
+          node->first = level.entries.size();
+          node_history = history;
         }
+        level.entries.push_back(
+            Entry{static_cast<std::uint8_t>(gram & 0xffU), count, continuation});
+        ++node->size;
+        node->raw.total += count;
+        ++node->raw.types;
+        node->continuation.total += continuation;
+        node->continuation.types += continuation > 0 ? 1 : 0;
+        if (count <= 2) ++raw_counts_of_count[count];
+        if (continuation >= 1 && continuation <= 2) ++continuation_counts_of_count[continuation];
       }
       level.raw_discount = kneser_ney_discount(raw_counts_of_count[1], raw_counts_of_count[2]);
       level.continuation_discount =
@@ -204,19 +251,10 @@ class KneserNeyModel {
     }
   }
 
-  // The entry of n-gram `gram` (its last byte is w, the bytes before it the history).
-  static Entry& entry_for(Level& level, std::uint64_t gram) {
-    const auto byte = static_cast<std::uint8_t>(gram & 0xffU);
-    Node& node = level.nodes[gram >> 8U];
-    for (Entry& entry : node.entries)
-      if (entry.byte == byte) return entry;
-    node.entries.push_back(Entry{byte, 0, 0});
-    return node.entries.back();
-  }
-
   std::size_t order_;
   std::vector<Level> levels_;
   std::vector<double> row_;
+  std::vector<double> table_;  // order <= 2: every row with a one-byte history
   std::vector<token_id> joined_;
   std::vector<double> batch_;
 };
