@@ -1,11 +1,15 @@
 // Tests for include/specdec/gamma_policy.hpp: the concept, FixedGamma, AnyGammaPolicy, and
 // the gamma trajectories of the adaptive policies on simulated acceptance streams.
+#include <algorithm>
 #include <cstddef>
+#include <cstdint>
 #include <type_traits>
 #include <vector>
 
+#include <catch2/catch_approx.hpp>
 #include <catch2/catch_test_macros.hpp>
 
+#include "specdec/analysis.hpp"
 #include "specdec/error.hpp"
 #include "specdec/gamma_policy.hpp"
 #include "specdec/random.hpp"
@@ -155,4 +159,123 @@ TEST_CASE("ConfidenceStop stops below the threshold and composes with another po
   CHECK_FALSE(any.continue_drafting(0.2, 1));
   CHECK_THROWS_AS(specdec::ConfidenceStop(1.5, 4), specdec::error);
   CHECK_THROWS_AS(specdec::ConfidenceStop(-0.1, specdec::FixedGamma(2)), specdec::error);
+}
+
+namespace {
+
+struct ControllerRun {
+  std::size_t steps_at_optimum = 0;
+  std::size_t steps_near_optimum = 0;  // within 1% of the optimal improvement
+  std::size_t steps_checked = 0;
+  double worst_improvement_ratio = 1.0;  // Thm 3.8 improvement of the chosen gamma / optimum
+};
+
+// Runs the controller on an i.i.d. acceptance stream with fixed alpha and c; from step
+// `settle` on, compares each chosen gamma with the Theorem 3.8 optimum for the true alpha, c.
+ControllerRun run_controller(specdec::OptimalGammaController& controller, double alpha, double c,
+                             std::size_t steps, std::size_t settle, std::uint64_t seed,
+                             bool report_timings) {
+  specdec::xoshiro256pp rng(seed);
+  const auto best = specdec::optimal_gamma(alpha, c, controller.options().max_gamma);
+  ControllerRun run;
+  for (std::size_t step = 0; step < steps; ++step) {
+    const std::size_t gamma = controller.next_gamma();
+    if (step >= settle) {
+      ++run.steps_checked;
+      if (gamma == best.gamma) ++run.steps_at_optimum;
+      const double ratio = specdec::walltime_improvement(alpha, gamma, c) / best.improvement;
+      if (ratio >= 0.99) ++run.steps_near_optimum;
+      run.worst_improvement_ratio = std::min(run.worst_improvement_ratio, ratio);
+    }
+    specdec::StepFeedback feedback{.drafted = gamma,
+                                   .accepted = simulate_accepted(rng, alpha, gamma)};
+    if (report_timings) {
+      // A target call of about 20 ms, draft calls of about c * 20 ms, +-20% jitter each.
+      const auto jitter = [&] { return 0.8 + 0.4 * specdec::uniform01<double>(rng); };
+      feedback.target_seconds = 0.02 * jitter();
+      for (std::size_t i = 0; i < gamma; ++i) feedback.draft_seconds += c * 0.02 * jitter();
+    }
+    controller.observe(feedback);
+  }
+  return run;
+}
+
+}  // namespace
+
+TEST_CASE("OptimalGammaController converges to the Theorem 3.8 optimum for fixed alpha and c",
+          "[gamma_policy]") {
+  STATIC_REQUIRE(specdec::GammaPolicy<specdec::OptimalGammaController>);
+  struct Case {
+    double alpha;
+    double c;
+  };
+  const std::vector<Case> cases = {{0.8, 0.05}, {0.6, 0.1},  {0.9, 0.02}, {0.5, 0.25},
+                                   {0.7, 0.0},  {0.3, 0.05}, {0.95, 0.1}};
+  std::uint64_t seed = 100;
+  for (const auto& [alpha, c] : cases) {
+    for (const bool measured : {false, true}) {
+      specdec::OptimalGammaController controller(
+          {.max_gamma = 16, .cost_ratio = measured ? 0.5 : c, .measure_cost = measured});
+      CHECK(controller.needs_timing() == measured);
+      const ControllerRun run = run_controller(controller, alpha, c, 600, 300, ++seed, measured);
+      const auto best = specdec::optimal_gamma(alpha, c, 16);
+      INFO("alpha " << alpha << ", c " << c << (measured ? ", c measured" : ", c given")
+                    << ": optimum gamma " << best.gamma << ", final gamma "
+                    << controller.next_gamma() << ", alpha estimate " << controller.alpha()
+                    << ", c estimate " << controller.cost_ratio());
+      // Near the optimum Theorem 3.8 is flat (alpha = 0.95, c = 0.1: gamma 13..18 are all
+      // within 1%), so the exact optimum is not always picked; what matters is the speed.
+      CHECK(run.worst_improvement_ratio > 0.95);
+      CHECK(10 * run.steps_near_optimum >= 9 * run.steps_checked);
+      CHECK(4 * run.steps_at_optimum >= run.steps_checked);
+      CHECK(controller.alpha() == Catch::Approx(alpha).margin(0.06));
+      if (measured) CHECK(controller.cost_ratio() == Catch::Approx(c).margin(0.2 * c + 1e-12));
+    }
+  }
+}
+
+TEST_CASE("OptimalGammaController follows a change of alpha", "[gamma_policy]") {
+  specdec::OptimalGammaController controller({.max_gamma = 16, .cost_ratio = 0.05});
+  const std::size_t start = controller.next_gamma();
+  CHECK(start == specdec::optimal_gamma(0.5, 0.05, 16).gamma);  // the prior decides at first
+  const ControllerRun before = run_controller(controller, 0.9, 0.05, 600, 300, 5, false);
+  CHECK(10 * before.steps_near_optimum >= 9 * before.steps_checked);
+  const std::size_t high = controller.next_gamma();
+  CHECK(high >= 10);  // the optimum is 13
+  const ControllerRun after = run_controller(controller, 0.4, 0.05, 600, 300, 6, false);
+  CHECK(controller.next_gamma() < high);
+  CHECK(controller.next_gamma() <= 3);  // the optimum is 2
+  CHECK(10 * after.steps_near_optimum >= 9 * after.steps_checked);
+}
+
+TEST_CASE("OptimalGammaController estimates alpha by accepted / (accepted + rejections)",
+          "[gamma_policy]") {
+  specdec::OptimalGammaController controller(
+      {.max_gamma = 4, .prior_alpha = 0.5, .prior_trials = 2.0, .forgetting = 1.0});
+  CHECK(controller.alpha() == 0.5);
+  controller.observe({.drafted = 4, .accepted = 4});  // 4 successes, no failure
+  controller.observe({.drafted = 4, .accepted = 1});  // 1 success, 1 failure
+  controller.observe({.drafted = 0, .accepted = 0});  // nothing tried
+  CHECK(controller.alpha() == Catch::Approx((5.0 + 1.0) / (6.0 + 2.0)));
+  CHECK(controller.next_gamma() == specdec::optimal_gamma(0.75, 0.0, 4).gamma);
+  CHECK(controller.expected_improvement() ==
+        Catch::Approx(specdec::walltime_improvement(0.75, controller.next_gamma(), 0.0)));
+  // Untimed steps leave the measured c at its starting value.
+  specdec::OptimalGammaController measured({.cost_ratio = 0.3, .measure_cost = true});
+  measured.observe({.drafted = 3, .accepted = 1});
+  CHECK(measured.cost_ratio() == 0.3);
+  measured.observe({.drafted = 2, .accepted = 1, .draft_seconds = 0.002, .target_seconds = 0.1});
+  CHECK(measured.cost_ratio() == Catch::Approx(0.01));
+  specdec::AnyGammaPolicy any = measured;
+  CHECK(any.needs_timing());
+  CHECK(any.target<specdec::OptimalGammaController>() != nullptr);
+}
+
+TEST_CASE("OptimalGammaController validates its options", "[gamma_policy]") {
+  using Options = specdec::OptimalGammaOptions;
+  CHECK_THROWS_AS(specdec::OptimalGammaController(Options{.max_gamma = 0}), specdec::error);
+  CHECK_THROWS_AS(specdec::OptimalGammaController(Options{.prior_alpha = 1.5}), specdec::error);
+  CHECK_THROWS_AS(specdec::OptimalGammaController(Options{.prior_trials = -1.0}), specdec::error);
+  CHECK_THROWS_AS(specdec::OptimalGammaController(Options{.forgetting = 0.0}), specdec::error);
+  CHECK_THROWS_AS(specdec::OptimalGammaController(Options{.cost_ratio = -0.1}), specdec::error);
 }

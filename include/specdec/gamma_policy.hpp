@@ -7,12 +7,15 @@
 // position, 1.0 for proposal-only drafters), and reports the outcome with `observe`.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <memory>
 #include <type_traits>
 #include <utility>
 
+#include "specdec/analysis.hpp"
 #include "specdec/error.hpp"
 
 namespace specdec {
@@ -256,10 +259,146 @@ ConfidenceStop(double, Inner) -> ConfidenceStop<Inner>;
 ConfidenceStop(double, std::size_t)->ConfidenceStop<FixedGamma>;
 ConfidenceStop(double, int)->ConfidenceStop<FixedGamma>;
 
+/// Configuration of OptimalGammaController.
+struct OptimalGammaOptions {
+  /// Largest gamma considered (>= 1); the controller searches [1, max_gamma].
+  std::size_t max_gamma = 16;
+  /// Prior guess of alpha in [0, 1] and its weight in pseudo-trials (>= 0): the estimate
+  /// starts there and is pulled towards it while evidence is scarce.
+  double prior_alpha = 0.5;
+  double prior_trials = 4.0;
+  /// Per-step discount of past evidence in (0, 1]: the estimates average over roughly the
+  /// last 1 / (1 - forgetting) steps, so they follow a drifting alpha or c. 1 = never forget.
+  double forgetting = 0.99;
+  /// The cost ratio c = (time of one draft call) / (time of one target call), Def. 3.7,
+  /// finite and >= 0. Used as given when `measure_cost` is false, else as the starting value
+  /// until the first timed step.
+  double cost_ratio = 0.0;
+  /// Measure c from the decoder's timings (needs_timing() becomes true).
+  bool measure_cost = false;
+};
+
+/// Picks gamma every step by Theorem 3.8 — the paper fixes gamma and leaves choosing it
+/// during inference to future work (Sec. 3.5, 7).
+///
+/// **alpha.** Under the i.i.d. model of Sec. 3.1 a step that drafted gamma tokens and
+/// accepted n of them made n successful Bernoulli(alpha) trials and, if n < gamma, one
+/// failure; later positions were never tried. The controller keeps exponentially
+/// discounted sums A (accepted drafts) and R (rejections), A <- f A + n, R <- f R + [n <
+/// gamma] with f = `forgetting`, and estimates
+///   alpha = (A + prior_alpha prior_trials) / (A + R + prior_trials),
+/// the maximum-likelihood estimate over the recent window, shrunk towards the prior.
+///
+/// **c.** Given, or measured (`measure_cost`): with discounted sums of draft seconds D,
+/// drafted tokens G, target seconds S and timed steps K, c = (D / G) / (S / K), the mean
+/// time per drafted token over the mean target time per step (one batched target call;
+/// Theorem 3.8 assumes its cost does not grow with gamma).
+///
+/// **gamma.** After each observation, gamma = optimal_gamma(alpha, c, max_gamma) from
+/// analysis.hpp: the integer in [1, max_gamma] maximising
+/// (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)). The first step uses the prior and
+/// the given c. O(max_gamma) work per step at most, no allocation.
+/// @code
+/// specdec::OptimalGammaController controller({.max_gamma = 12, .measure_cost = true});
+/// options.gamma_policy = controller;  // the decoder reports timings to it
+/// @endcode
+class OptimalGammaController {
+ public:
+  /// Throws specdec::error (invalid_option) for max_gamma == 0, prior_alpha outside [0, 1],
+  /// prior_trials negative or not finite, forgetting outside (0, 1], or cost_ratio
+  /// negative or not finite.
+  explicit OptimalGammaController(OptimalGammaOptions options = {}) : options_(options) {
+    const auto invalid = [](const char* name, auto value, const char* range) {
+      detail::throw_error(errc::invalid_option, "OptimalGammaController: ", name, " = ", value,
+                          " must be ", range);
+    };
+    if (options.max_gamma == 0) invalid("max_gamma", options.max_gamma, ">= 1");
+    if (!(options.prior_alpha >= 0.0 && options.prior_alpha <= 1.0))
+      invalid("prior_alpha", options.prior_alpha, "in [0, 1]");
+    if (!(options.prior_trials >= 0.0 && std::isfinite(options.prior_trials)))
+      invalid("prior_trials", options.prior_trials, "finite and >= 0");
+    if (!(options.forgetting > 0.0 && options.forgetting <= 1.0))
+      invalid("forgetting", options.forgetting, "in (0, 1]");
+    if (!(options.cost_ratio >= 0.0 && std::isfinite(options.cost_ratio)))
+      invalid("cost_ratio", options.cost_ratio, "finite and >= 0");
+    choose();
+  }
+
+  [[nodiscard]] std::size_t next_gamma() const noexcept { return gamma_; }
+  [[nodiscard]] bool continue_drafting(double /*top_probability*/,
+                                       std::size_t /*drafted*/) const noexcept {
+    return true;
+  }
+
+  void observe(const StepFeedback& feedback) {
+    const double f = options_.forgetting;
+    const bool rejected = feedback.accepted < feedback.drafted;
+    accepted_ = f * accepted_ + static_cast<double>(std::min(feedback.accepted, feedback.drafted));
+    rejections_ = f * rejections_ + (rejected ? 1.0 : 0.0);
+    if (options_.measure_cost) {
+      // Discount every sum each step so that all of them cover the same recent window.
+      draft_seconds_ *= f;
+      drafted_ *= f;
+      target_seconds_ *= f;
+      timed_steps_ *= f;
+      if (feedback.target_seconds > 0.0 && std::isfinite(feedback.target_seconds) &&
+          feedback.draft_seconds >= 0.0 && std::isfinite(feedback.draft_seconds)) {
+        target_seconds_ += feedback.target_seconds;
+        timed_steps_ += 1.0;
+        draft_seconds_ += feedback.draft_seconds;
+        drafted_ += static_cast<double>(feedback.drafted);
+      }
+    }
+    choose();
+  }
+
+  [[nodiscard]] bool needs_timing() const noexcept { return options_.measure_cost; }
+
+  /// The current alpha estimate (see the class comment).
+  [[nodiscard]] double alpha() const noexcept {
+    const double trials = accepted_ + rejections_ + options_.prior_trials;
+    if (trials <= 0.0) return options_.prior_alpha;
+    const double alpha = (accepted_ + options_.prior_alpha * options_.prior_trials) / trials;
+    return std::clamp(alpha, 0.0, 1.0);
+  }
+
+  /// The cost ratio in use: measured once a timed step with drafted tokens has been seen,
+  /// else the configured one.
+  [[nodiscard]] double cost_ratio() const noexcept {
+    if (!options_.measure_cost || drafted_ <= 0.0 || timed_steps_ <= 0.0 || target_seconds_ <= 0.0)
+      return options_.cost_ratio;
+    const double c = (draft_seconds_ / drafted_) / (target_seconds_ / timed_steps_);
+    return std::isfinite(c) && c >= 0.0 ? c : options_.cost_ratio;
+  }
+
+  /// Theorem 3.8's expected walltime improvement at the current estimates and gamma.
+  [[nodiscard]] double expected_improvement() const noexcept { return improvement_; }
+
+  [[nodiscard]] const OptimalGammaOptions& options() const noexcept { return options_; }
+
+ private:
+  void choose() {
+    const GammaChoice choice = optimal_gamma(alpha(), cost_ratio(), options_.max_gamma);
+    gamma_ = choice.gamma;
+    improvement_ = choice.improvement;
+  }
+
+  OptimalGammaOptions options_;
+  double accepted_ = 0.0;  // discounted accepted drafts
+  double rejections_ = 0.0;
+  double draft_seconds_ = 0.0;
+  double drafted_ = 0.0;
+  double target_seconds_ = 0.0;
+  double timed_steps_ = 0.0;
+  std::size_t gamma_ = 1;
+  double improvement_ = 1.0;
+};
+
 static_assert(GammaPolicy<FixedGamma>);
 static_assert(GammaPolicy<AnyGammaPolicy>);
 static_assert(GammaPolicy<AdditiveGamma>);
 static_assert(GammaPolicy<ConfidenceStop<>>);
 static_assert(GammaPolicy<ConfidenceStop<AdditiveGamma>>);
+static_assert(GammaPolicy<OptimalGammaController>);
 
 }  // namespace specdec
