@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <span>
 #include <vector>
@@ -266,11 +267,18 @@ class NgramDrafter {
     while (position < overlap_end) {
       const std::size_t slot = position % window_;
       const std::size_t piece = std::min(overlap_end - position, window_ - slot);
-      const auto* ring_first = ring_.data() + slot;
-      const auto* context_first = context.data() + position;
-      const auto mismatch = std::mismatch(ring_first, ring_first + piece, context_first);
-      const auto matched = static_cast<std::size_t>(mismatch.first - ring_first);
-      if (matched < piece) return position + matched;
+      const token_id* ring_first = ring_.data() + slot;
+      const token_id* context_first = context.data() + position;
+      // memcmp runs vectorized; only the first unequal block is searched token by token.
+      constexpr std::size_t block = 64;
+      for (std::size_t done = 0; done < piece; done += block) {
+        const std::size_t size = std::min(block, piece - done);
+        if (std::memcmp(ring_first + done, context_first + done, size * sizeof(token_id)) != 0) {
+          std::size_t matched = done;
+          while (ring_first[matched] == context_first[matched]) ++matched;
+          return position + matched;
+        }
+      }
       position += piece;
     }
     return overlap_end;
