@@ -1,0 +1,295 @@
+// Drafting cost of every drafter in include/specdec/drafters/, per proposed token, with a
+// history of 512 and 8192 tokens, on a deterministic synthetic code-like token stream
+// (functions built from statement templates, many of them repeated later with edits).
+//
+// Each iteration is one drafting call of up to 8 tokens as a decoder makes it: the context
+// is the stream so far, and the decoder then advances by the drafts that match the stream
+// plus one token (as if the target were the stream itself, greedy). Counters:
+//   time_per_token CPU seconds per proposed (or drafted) token
+//   proposed       mean tokens proposed per call
+//   matched        mean proposed tokens matching the stream (the accepted drafts of a
+//                  greedy target that generated this stream)
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include <benchmark/benchmark.h>
+
+#include "specdec/drafters/count_models.hpp"
+#include "specdec/drafters/ngram.hpp"
+#include "specdec/drafters/prompt_lookup.hpp"
+#include "specdec/random.hpp"
+
+namespace {
+
+using specdec::token_id;
+
+// ---------------------------------------------------------------------------------------
+// A synthetic code-like token stream
+// ---------------------------------------------------------------------------------------
+
+constexpr std::size_t vocab_size = 1024;
+// Token classes: punctuation and keywords [0, 48), identifiers [48, 816), numbers [816, 1024).
+constexpr token_id first_identifier = 48;
+constexpr std::uint64_t identifier_count = 768;
+constexpr token_id first_number = 816;
+constexpr std::uint64_t number_count = 208;
+
+// Keywords and punctuation used by the templates.
+enum keyword : token_id {
+  kw_int = 0,
+  kw_for,
+  kw_if,
+  kw_return,
+  kw_static,
+  kw_const,
+  kw_auto,
+  kw_while,
+  kw_else,
+  p_open,
+  p_close,
+  p_brace_open,
+  p_brace_close,
+  p_semicolon,
+  p_comma,
+  p_assign,
+  p_plus,
+  p_less,
+  p_equal,
+  p_increment,
+  p_dot,
+  p_bracket_open,
+  p_bracket_close,
+  p_star,
+  p_minus,
+  kw_push_back,
+  kw_size,
+  kw_std,
+  kw_vector,
+  p_scope,
+  p_angle_open,
+  p_angle_close,
+  kw_break,
+  kw_continue
+};
+
+// Slots in a statement template: a keyword, the i-th identifier of the function, a number.
+constexpr token_id slot_identifier = -1000;  // -1000 - i: identifier i of the function
+constexpr token_id slot_number = -2000;      // -2000 - i: number i of the function
+
+struct StreamBuilder {
+  specdec::xoshiro256pp rng{20230518};
+  std::vector<std::vector<token_id>> templates;
+
+  StreamBuilder() {
+    const token_id a = slot_identifier, b = slot_identifier - 1, c = slot_identifier - 2,
+                   d = slot_identifier - 3, n0 = slot_number, n1 = slot_number - 1;
+    templates = {
+        {kw_int, a, p_assign, n0, p_semicolon},
+        {a, p_assign, b, p_plus, c, p_semicolon},
+        {kw_for, p_open, kw_int, d, p_assign, n1, p_semicolon, d, p_less, b, p_semicolon,
+         p_increment, d, p_close, p_brace_open},
+        {p_brace_close},
+        {kw_if, p_open, a, p_equal, n0, p_close, p_brace_open, kw_return, b, p_semicolon,
+         p_brace_close},
+        {c, p_dot, kw_push_back, p_open, a, p_close, p_semicolon},
+        {a, p_bracket_open, d, p_bracket_close, p_assign, b, p_star, c, p_semicolon},
+        {kw_auto, b, p_assign, c, p_dot, kw_size, p_open, p_close, p_semicolon},
+        {kw_std, p_scope, kw_vector, p_angle_open, kw_int, p_angle_close, c, p_semicolon},
+        {a, p_assign, a, p_minus, n1, p_semicolon},
+        {kw_while, p_open, a, p_less, b, p_close, p_brace_open, p_increment, a, p_semicolon,
+         p_brace_close},
+    };
+  }
+
+  struct Function {
+    std::vector<token_id> identifiers;  // name, then locals
+    std::vector<token_id> numbers;
+    std::vector<std::size_t> statements;  // template indices
+  };
+
+  Function fresh_function() {
+    Function f;
+    for (int i = 0; i < 5; ++i)
+      f.identifiers.push_back(first_identifier +
+                              static_cast<token_id>(specdec::uniform_below(rng, identifier_count)));
+    for (int i = 0; i < 2; ++i)
+      f.numbers.push_back(first_number +
+                          static_cast<token_id>(specdec::uniform_below(rng, number_count)));
+    const auto statements = 4 + specdec::uniform_below(rng, 8);
+    for (std::uint64_t i = 0; i < statements; ++i)
+      f.statements.push_back(
+          static_cast<std::size_t>(specdec::uniform_below(rng, templates.size())));
+    return f;
+  }
+
+  // An edited copy: renamed identifiers, changed numbers, a statement added or removed.
+  Function edited(Function f) {
+    if (specdec::uniform_below(rng, 2) == 0)
+      f.identifiers[1 + specdec::uniform_below(rng, 4)] =
+          first_identifier + static_cast<token_id>(specdec::uniform_below(rng, identifier_count));
+    if (specdec::uniform_below(rng, 2) == 0)
+      f.numbers[specdec::uniform_below(rng, 2)] =
+          first_number + static_cast<token_id>(specdec::uniform_below(rng, number_count));
+    const auto where = specdec::uniform_below(rng, f.statements.size());
+    if (specdec::uniform_below(rng, 2) == 0 && f.statements.size() > 2) {
+      f.statements.erase(f.statements.begin() + static_cast<std::ptrdiff_t>(where));
+    } else {
+      f.statements.insert(f.statements.begin() + static_cast<std::ptrdiff_t>(where),
+                          static_cast<std::size_t>(specdec::uniform_below(rng, templates.size())));
+    }
+    return f;
+  }
+
+  void emit(const Function& f, std::vector<token_id>& out) const {
+    out.insert(out.end(), {kw_static, kw_int, f.identifiers[0], p_open, kw_int, f.identifiers[1],
+                           p_comma, kw_int, f.identifiers[2], p_close, p_brace_open});
+    for (const std::size_t s : f.statements) {
+      for (const token_id t : templates[s]) {
+        if (t <= slot_number) {
+          out.push_back(f.numbers[static_cast<std::size_t>(slot_number - t)]);
+        } else if (t <= slot_identifier) {
+          out.push_back(f.identifiers[static_cast<std::size_t>(slot_identifier - t)]);
+        } else {
+          out.push_back(t);
+        }
+      }
+    }
+    out.push_back(p_brace_close);
+  }
+
+  // Functions; each is fresh with probability 0.4, else an edited copy of a recent one.
+  std::vector<token_id> build(std::size_t length) {
+    std::vector<token_id> out;
+    std::vector<Function> recent;
+    while (out.size() < length) {
+      Function f =
+          recent.empty() || specdec::uniform_below(rng, 10) < 4
+              ? fresh_function()
+              : edited(
+                    recent[recent.size() - 1 -
+                           specdec::uniform_below(rng, std::min<std::size_t>(recent.size(), 12))]);
+      emit(f, out);
+      recent.push_back(std::move(f));
+    }
+    out.resize(length);
+    return out;
+  }
+};
+
+const std::vector<token_id>& code_stream() {
+  static const std::vector<token_id> stream = StreamBuilder{}.build(1U << 17U);
+  return stream;
+}
+
+// The first half trains the count models; drafting runs over the second half.
+std::span<const token_id> training_part() {
+  return std::span<const token_id>(code_stream()).first(code_stream().size() / 2);
+}
+
+// ---------------------------------------------------------------------------------------
+// Drafting cost
+// ---------------------------------------------------------------------------------------
+
+constexpr std::size_t draft_length = 8;
+
+// Runs drafting calls over the stream. `draft(sequence, out)` drafts after `sequence` (the
+// decoder's accepted context, which it may temporarily extend) and returns the count.
+template <class Draft>
+void run_drafting(benchmark::State& state, Draft&& draft) {
+  const auto& stream = code_stream();
+  const std::size_t begin = stream.size() / 2;
+  std::vector<token_id> sequence(stream.begin(),
+                                 stream.begin() + static_cast<std::ptrdiff_t>(begin));
+  sequence.reserve(stream.size() + draft_length);
+  std::array<token_id, draft_length> out{};
+  std::size_t proposed = 0;
+  std::size_t matched = 0;
+  std::size_t calls = 0;
+  static_cast<void>(draft(sequence, std::span<token_id>(out)));  // seeds the history, untimed
+  for (auto _ : state) {
+    const std::size_t count = draft(sequence, std::span<token_id>(out));
+    benchmark::DoNotOptimize(out.data());
+    proposed += count;
+    ++calls;
+    // Advance like greedy decoding of the stream: matching drafts plus one token.
+    std::size_t advance = 0;
+    while (advance < count && sequence.size() + advance < stream.size() &&
+           out[advance] == stream[sequence.size() + advance])
+      ++advance;
+    matched += advance;
+    const std::size_t next = std::min(sequence.size() + advance + 1, stream.size());
+    if (next == stream.size()) {  // wrap around: start again in the middle (a new prompt)
+      sequence.resize(begin);
+    } else {
+      sequence.insert(sequence.end(), stream.begin() + static_cast<std::ptrdiff_t>(sequence.size()),
+                      stream.begin() + static_cast<std::ptrdiff_t>(next));
+    }
+  }
+  state.SetItemsProcessed(static_cast<std::int64_t>(proposed));
+  state.counters["time_per_token"] = benchmark::Counter(
+      static_cast<double>(proposed), benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["proposed"] =
+      static_cast<double>(proposed) / static_cast<double>(std::max<std::size_t>(calls, 1));
+  state.counters["matched"] =
+      static_cast<double>(matched) / static_cast<double>(std::max<std::size_t>(calls, 1));
+}
+
+void BM_NgramPropose(benchmark::State& state) {
+  const auto history = static_cast<std::size_t>(state.range(0));
+  specdec::NgramDrafter drafter({.max_order = 4, .window = history});
+  run_drafting(state, [&](const std::vector<token_id>& sequence, std::span<token_id> out) {
+    return drafter.propose(sequence, out);
+  });
+  state.counters["memory_kib"] = static_cast<double>(drafter.memory_bytes()) / 1024.0;
+}
+
+void BM_PromptLookupPropose(benchmark::State& state) {
+  const auto history = static_cast<std::size_t>(state.range(0));
+  specdec::PromptLookupDrafter drafter({.min_ngram = 1, .max_ngram = 8, .window = history});
+  run_drafting(state, [&](const std::vector<token_id>& sequence, std::span<token_id> out) {
+    return drafter.propose(sequence, out);
+  });
+}
+
+// A draft LanguageModel drafts greedily here: one row and one argmax per drafted token,
+// the drafted token appended to the context for the next row (as the decoder does).
+template <class Model>
+std::size_t draft_from_model(Model& model, std::vector<token_id>& sequence,
+                             std::span<token_id> out) {
+  const std::size_t accepted_length = sequence.size();
+  for (auto& token : out) {
+    const auto row = model.next_token_probabilities(sequence);
+    token = static_cast<token_id>(std::max_element(row.begin(), row.end()) - row.begin());
+    sequence.push_back(token);
+  }
+  sequence.resize(accepted_length);
+  return out.size();
+}
+
+void BM_NgramModelDraft(benchmark::State& state) {
+  const auto history = static_cast<std::size_t>(state.range(0));
+  specdec::NgramDrafter drafter({.max_order = 4, .window = history});
+  auto model = drafter.as_model<float>(vocab_size);
+  run_drafting(state, [&](std::vector<token_id>& sequence, std::span<token_id> out) {
+    return draft_from_model(model, sequence, out);
+  });
+}
+
+// The bigram model has no history (its cost does not depend on it); run once.
+void BM_BigramDraft(benchmark::State& state) {
+  static specdec::BigramModel<float> bigram(training_part(), vocab_size, 0.1);
+  run_drafting(state, [&](std::vector<token_id>& sequence, std::span<token_id> out) {
+    return draft_from_model(bigram, sequence, out);
+  });
+}
+
+}  // namespace
+
+BENCHMARK(BM_NgramPropose)->Arg(512)->Arg(8192);
+BENCHMARK(BM_PromptLookupPropose)->Arg(512)->Arg(8192);
+BENCHMARK(BM_NgramModelDraft)->Arg(512)->Arg(8192);
+BENCHMARK(BM_BigramDraft);
