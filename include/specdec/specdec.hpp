@@ -4,6 +4,9 @@
 #include "specdec/analysis.hpp"     // IWYU pragma: export
 #include "specdec/concepts.hpp"   // IWYU pragma: export
 #include "specdec/config.hpp"     // IWYU pragma: export
+#include "specdec/drafters/count_models.hpp"   // IWYU pragma: export
+#include "specdec/drafters/ngram.hpp"          // IWYU pragma: export
+#include "specdec/drafters/prompt_lookup.hpp"  // IWYU pragma: export
 #include "specdec/error.hpp"      // IWYU pragma: export
 #include "specdec/gamma_policy.hpp"  // IWYU pragma: export
 #include "specdec/random.hpp"     // IWYU pragma: export
