@@ -9,5 +9,10 @@
 #include "specdec/drafters/prompt_lookup.hpp"  // IWYU pragma: export
 #include "specdec/error.hpp"      // IWYU pragma: export
 #include "specdec/gamma_policy.hpp"  // IWYU pragma: export
+#include "specdec/greedy_verification.hpp"  // IWYU pragma: export
 #include "specdec/random.hpp"     // IWYU pragma: export
+#include "specdec/residual_distribution.hpp"  // IWYU pragma: export
 #include "specdec/rows.hpp"       // IWYU pragma: export
+#include "specdec/speculative_sampling.hpp"  // IWYU pragma: export
+#include "specdec/validation.hpp"  // IWYU pragma: export
+#include "specdec/verification_result.hpp"  // IWYU pragma: export

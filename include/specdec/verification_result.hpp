@@ -1,0 +1,50 @@
+// specdec — the outcome of one verification step (Algorithm 1 or exact-match greedy).
+//
+// A step emits n accepted draft tokens x_1..x_n followed by one token t from the target
+// side: a *correction* drawn from the residual at position n+1 when x_{n+1} was rejected,
+// or a *bonus* drawn from p_{gamma+1} when every draft was accepted (paper, Algorithm 1).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "specdec/concepts.hpp"
+
+namespace specdec {
+
+/// Where an emitted token came from.
+enum class token_source : std::uint8_t {
+  draft,       ///< an accepted draft token x_i (i <= n)
+  correction,  ///< t after a rejection: drawn from the residual at position n+1
+  bonus,       ///< t after accepting all gamma drafts: drawn from p_{gamma+1}
+};
+
+/// "draft", "correction" or "bonus".
+[[nodiscard]] constexpr std::string_view to_string(token_source source) noexcept {
+  switch (source) {
+    case token_source::draft:
+      return "draft";
+    case token_source::correction:
+      return "correction";
+    case token_source::bonus:
+      return "bonus";
+  }
+  return "unknown";
+}
+
+/// Result of verifying gamma draft tokens: the step emits `draft_tokens[0..accepted)`
+/// followed by `token`.
+struct VerificationResult {
+  std::size_t accepted = 0;                   ///< n: accepted drafts, 0..gamma
+  token_id token = 0;                         ///< t: the correction or bonus token
+  token_source source = token_source::bonus;  ///< correction or bonus (never draft)
+  /// The residual at position n+1 had zero or non-finite mass (possible only through
+  /// rounding, or when p == q there), so t was drawn from p_{n+1} instead; see
+  /// residual_distribution.hpp. Always false for greedy verification.
+  bool residual_fallback = false;
+
+  friend constexpr bool operator==(const VerificationResult&, const VerificationResult&) = default;
+};
+
+}  // namespace specdec
