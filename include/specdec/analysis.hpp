@@ -5,9 +5,10 @@
 // gamma the number of drafted tokens per step, c the draft/target walltime cost ratio
 // (Def. 3.7), c_hat the draft/target arithmetic-operations ratio (Def. 3.10).
 //
-// Everything here is pure math. The scalar functions are constexpr (integer powers by
-// squaring, no <cmath>); the functions that take rows accept any ProbabilityVector of
-// float or double and accumulate in double. Arguments outside their domain throw
+// Everything here is pure math. The scalar formulas are constexpr (integer powers by
+// squaring instead of std::pow, which is not constexpr in GCC 12 / Clang 14); the
+// functions that take rows accept any ProbabilityVector of float or double and
+// accumulate in double. Arguments outside their domain throw
 // `specdec::error` with code `errc::domain` (probability rows: `invalid_size`,
 // `invalid_probability`); the message names the function, the argument and its value:
 //   - alpha (and every beta) outside [0, 1], NaN included;
@@ -60,14 +61,14 @@ constexpr double integer_power(double x, std::size_t n) noexcept {
 
 /// (1 - alpha^(gamma+1)) / (1 - alpha) = 1 + alpha + ... + alpha^gamma, accurate for every
 /// alpha in [0, 1] including alpha -> 1 (limit gamma + 1), where the closed form would
-/// cancel catastrophically. Three regimes, each with relative error of a few ulps for
-/// gamma up to the thousands:
+/// cancel catastrophically. Three regimes, with relative error below 1e-13 for gamma up
+/// to the thousands (tested against a long double sum up to gamma = 2048):
 ///  - gamma <= 64: Horner's rule on the sum (positive terms, exact for gamma = 1);
 ///  - n d < 2 with n = gamma + 1, d = 1 - alpha: the binomial series
 ///    (1 - (1 - d)^n) / d = sum_{k>=1} (-1)^(k+1) C(n, k) d^(k-1), whose cancellation
 ///    costs at most a factor e^(n d) < 7.4 in rounding error;
-///  - otherwise alpha^n <= e^-2, so the closed form (1 - alpha^n) / d loses nothing
-///    (alpha^n by squaring, constexpr unlike std::pow).
+///  - otherwise alpha^n <= e^-2, so the closed form (1 - alpha^n) / d cancels little and
+///    the rounding of alpha^n by squaring (about n ulps of alpha^n) is damped by e^-2.
 constexpr double geometric_sum(double alpha, std::size_t gamma) noexcept {
   if (gamma <= 64) {
     double sum = 1.0;
