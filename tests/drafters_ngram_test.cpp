@@ -206,8 +206,10 @@ TEST_CASE("NgramDrafter memory is bounded by (N-1) W entries and never grows",
     specdec::NgramDrafter drafter({.max_order = max_order, .window = 512});
     const std::size_t bytes = drafter.memory_bytes();
     CHECK(drafter.max_entries() == (max_order - 1) * 512);
-    // Documented bound: about 160-230 bytes per entry on a 64-bit platform.
-    CHECK(bytes <= 240 * drafter.max_entries() + 1024);
+    if constexpr (sizeof(std::size_t) == 8) {  // documented: 168 to 232 bytes per entry
+      CHECK(bytes <= 232 * drafter.max_entries());
+      CHECK(bytes >= 168 * drafter.max_entries());
+    }
     specdec::xoshiro256pp rng(7);
     Tokens context;
     std::size_t peak_contexts = 0;

@@ -59,9 +59,11 @@ class NgramDraftModel;
 ///
 /// **Memory bound.** A window of W tokens holds at most W - k + 1 n-grams of order k, so at
 /// most E = (N-1) W context records and E (context, token) records are live. Every
-/// structure is sized for E at construction (hash tables at load <= 1/2) and never grows:
-/// `memory_bytes()` is fixed by (N, W) — about 132 (N-1) W bytes with 64-bit size_t —
-/// and `contexts()`, `successors()` <= `max_entries()` = E at all times.
+/// structure is sized for E at construction (hash tables at load <= 1/2) and never grows,
+/// and `contexts()`, `successors()` <= `max_entries()` = E at all times. `memory_bytes()` is
+/// fixed by (N, W): on 64-bit platforms 100 bytes of records and links per entry, 64 to 128
+/// for the two hash tables (power-of-two capacity >= 2E) and 4 W for the ring, i.e. 168 to
+/// 232 bytes per entry (N = 4: 280 KiB at W = 512, 4.4 MiB at W = 8192).
 ///
 /// **Hashing.** Contexts are keyed by 64-bit hashes (mix64 chains). Two contexts with the
 /// same hash share counts; that can only make a proposal worse, never the output wrong.
