@@ -114,7 +114,7 @@ TEMPLATE_TEST_CASE("validate_probability_rows checks the row count and every row
       errc::invalid_probability, "draft row 2 (step 5): entry for token 1 is negative");
 }
 
-TEST_CASE("validate_token and validate_tokens reject ids outside [0, V)", "[validation]") {
+TEST_CASE("validate_token and validate_tokens reject ids outside the vocabulary 0..V-1", "[validation]") {
   CHECK_NOTHROW(specdec::validate_token(0, 5, {}));
   CHECK_NOTHROW(specdec::validate_token(4, 5, {}));
   require_error(
@@ -133,7 +133,7 @@ TEST_CASE("validate_token and validate_tokens reject ids outside [0, V)", "[vali
   CHECK_NOTHROW(specdec::validate_tokens(tokens, 8, {}));
 }
 
-TEST_CASE("validate_lenience accepts (0, 1] only", "[validation]") {
+TEST_CASE("validate_lenience accepts only 0 < l <= 1", "[validation]") {
   CHECK_NOTHROW(specdec::validate_lenience(1.0));
   CHECK_NOTHROW(specdec::validate_lenience(0.1));
   for (const double bad : {0.0, -0.5, 1.5, std::nan("")}) {
