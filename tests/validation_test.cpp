@@ -114,7 +114,8 @@ TEMPLATE_TEST_CASE("validate_probability_rows checks the row count and every row
       errc::invalid_probability, "draft row 2 (step 5): entry for token 1 is negative");
 }
 
-TEST_CASE("validate_token and validate_tokens reject ids outside the vocabulary 0..V-1", "[validation]") {
+TEST_CASE("validate_token and validate_tokens reject ids outside the vocabulary 0..V-1",
+          "[validation]") {
   CHECK_NOTHROW(specdec::validate_token(0, 5, {}));
   CHECK_NOTHROW(specdec::validate_token(4, 5, {}));
   require_error(
