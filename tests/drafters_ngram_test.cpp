@@ -4,7 +4,9 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
+#include <new>
 #include <numeric>
 #include <span>
 #include <utility>
@@ -18,6 +20,24 @@
 #include "specdec/drafters/ngram.hpp"
 #include "specdec/error.hpp"
 #include "specdec/random.hpp"
+
+// Counts heap allocations, to show that steady-state drafting allocates nothing.
+namespace {
+std::size_t allocations = 0;
+}  // namespace
+
+// Out of line, so that GCC does not pair the inlined malloc/free with new/delete calls.
+[[gnu::noinline]] void* operator new(std::size_t size) {
+  ++allocations;
+  if (void* memory = std::malloc(size == 0 ? 1 : size)) return memory;
+  throw std::bad_alloc();
+}
+[[gnu::noinline]] void operator delete(void* memory) noexcept {
+  std::free(memory);
+}
+[[gnu::noinline]] void operator delete(void* memory, std::size_t) noexcept {
+  std::free(memory);
+}
 
 namespace {
 
@@ -296,4 +316,26 @@ TEST_CASE("NgramDrafter reset forgets the tables", "[drafters][ngram]") {
   CHECK(drafter.contexts() == 0);
   CHECK(drafter.successors() == 0);
   CHECK(drafter.context_length() == 0);
+}
+
+TEST_CASE("NgramDrafter and its model view allocate nothing after construction",
+          "[drafters][ngram]") {
+  specdec::NgramDrafter drafter({.max_order = 4, .window = 64});
+  auto model = drafter.as_model<float>(16);
+  specdec::xoshiro256pp rng(5);
+  Tokens context;
+  context.reserve(5000);
+  std::array<token_id, 8> out{};
+  const std::size_t before = allocations;
+  ::operator delete(::operator new(16));  // the counter works
+  REQUIRE(allocations == before + 1);
+  for (int i = 0; i < 2000; ++i) {
+    context.push_back(static_cast<token_id>(specdec::uniform_below(rng, i % 300 < 200 ? 4 : 16)));
+    if (i % 50 == 0) context.resize(context.size() / 2);  // rollbacks and rebuilds
+    static_cast<void>(drafter.propose(context, out));
+    context.push_back(3);  // a drafted token scored by the model view, then rejected
+    static_cast<void>(model.next_token_probabilities(context));
+    context.pop_back();
+  }
+  CHECK(allocations == before + 1);
 }

@@ -1,8 +1,11 @@
 // Tests for include/specdec/drafters/prompt_lookup.hpp: the longest, most recent match,
 // the overlapping copy, the window, and linear comparison counts on adversarial input.
 #include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
+#include <new>
 #include <numeric>
 #include <span>
 #include <vector>
@@ -13,6 +16,24 @@
 #include "specdec/drafters/prompt_lookup.hpp"
 #include "specdec/error.hpp"
 #include "specdec/random.hpp"
+
+// Counts heap allocations, to show that steady-state drafting allocates nothing.
+namespace {
+std::size_t allocations = 0;
+}  // namespace
+
+// Out of line, so that GCC does not pair the inlined malloc/free with new/delete calls.
+[[gnu::noinline]] void* operator new(std::size_t size) {
+  ++allocations;
+  if (void* memory = std::malloc(size == 0 ? 1 : size)) return memory;
+  throw std::bad_alloc();
+}
+[[gnu::noinline]] void operator delete(void* memory) noexcept {
+  std::free(memory);
+}
+[[gnu::noinline]] void operator delete(void* memory, std::size_t) noexcept {
+  std::free(memory);
+}
 
 namespace {
 
@@ -174,4 +195,20 @@ TEST_CASE("PromptLookupDrafter validates its options", "[drafters][prompt_lookup
   CHECK_THROWS_AS(specdec::PromptLookupDrafter({.min_ngram = 3, .max_ngram = 2}), specdec::error);
   CHECK_THROWS_AS(specdec::PromptLookupDrafter({.min_ngram = 1, .max_ngram = 2, .window = 1}),
                   specdec::error);
+}
+
+TEST_CASE("PromptLookupDrafter allocates nothing once its failure array has grown",
+          "[drafters][prompt_lookup]") {
+  specdec::PromptLookupDrafter lookup({.min_ngram = 1, .max_ngram = 16, .window = 256});
+  specdec::xoshiro256pp rng(8);
+  Tokens context(1000);
+  for (auto& t : context) t = static_cast<token_id>(specdec::uniform_below(rng, 3));
+  std::array<token_id, 8> out{};
+  static_cast<void>(lookup.propose(Tokens(40, 0), out));  // grows the array to max_ngram
+  const std::size_t before = allocations;
+  ::operator delete(::operator new(16));  // the counter works
+  REQUIRE(allocations == before + 1);
+  for (std::size_t length = 2; length <= context.size(); ++length)
+    static_cast<void>(lookup.propose(std::span<const token_id>(context).first(length), out));
+  CHECK(allocations == before + 1);
 }
