@@ -24,6 +24,20 @@ build=build/plots-tools
 mkdir -p "$out"
 rm -f "$out/measured_speedup.csv" "$out/measured_speedup.png"
 
+# The measured points come from the Google Benchmark harness: install it on Debian if
+# missing (scripts/demo.sh installs only what the demo itself needs).
+if [ -z "${SPECDEC_SPEEDUP_CSV:-}" ] && [ "${SPECDEC_PLOTS_MEASURE:-1}" != 0 ] &&
+  ! specdec_have_header benchmark/benchmark.h && command -v apt-get >/dev/null 2>&1 &&
+  [ -r /etc/debian_version ]; then
+  specdec_log "installing libbenchmark-dev for the measured points"
+  export DEBIAN_FRONTEND=noninteractive
+  install_benchmark() {
+    specdec_as_root apt-get install -y -qq --no-install-recommends libbenchmark-dev >/dev/null
+  }
+  install_benchmark || { specdec_as_root apt-get update -qq && install_benchmark; } ||
+    specdec_log "could not install libbenchmark-dev"
+fi
+
 targets=(acceptance_plots)
 benchmarks=OFF
 measured_csv=${SPECDEC_SPEEDUP_CSV:-}
@@ -63,4 +77,4 @@ figures=(figure2 figure3 figure4)
 for figure in "${figures[@]}"; do
   gnuplot -e "dir='$out'" "scripts/plots/$figure.gnuplot"
 done
-specdec_log "plots in $out/: $(cd "$out" && ls ./*.png | sed 's|^\./||' | tr '\n' ' ')"
+specdec_log "plots in $out/: $(cd "$out" && printf '%s ' ./*.png | sed 's|\./||g')"
