@@ -1,8 +1,8 @@
 # Shared by scripts/demo.sh and scripts/test.sh: installs what specdec needs on Debian
 # (12 "bookworm" or newer) and, elsewhere, prints exactly what to install and stops.
 #
-#   specdec_install_dependencies demo   # compiler, cmake, ninja, Eigen, gnuplot
-#   specdec_install_dependencies test   # + clang, sanitizer runtime, Catch2 v3, Google Benchmark
+#   specdec_install_dependencies demo   # compiler, cmake, ninja, Eigen, gnuplot, Google Benchmark
+#   specdec_install_dependencies test   # + clang, sanitizer runtime, Catch2 v3
 
 specdec_log() { printf '[specdec] %s\n' "$*" >&2; }
 
@@ -33,6 +33,8 @@ specdec_missing_packages() {
   specdec_have_header eigen3/Eigen/Core || echo libeigen3-dev
   if [ "$purpose" = demo ]; then
     command -v gnuplot >/dev/null 2>&1 || echo gnuplot-nox
+    # scripts/plots.sh measures speedups with bm_speedup (Google Benchmark).
+    specdec_have_header benchmark/benchmark.h || echo libbenchmark-dev
   fi
   if [ "$purpose" = test ]; then
     command -v clang++ >/dev/null 2>&1 || echo clang
@@ -92,9 +94,9 @@ specdec_install_dependencies() {
   local codename=""
   [ -r /etc/os-release ] && codename=$(. /etc/os-release && echo "${VERSION_CODENAME:-}")
   specdec_log "installing missing packages: $(echo "$missing" | tr '\n' ' ')"
-  local packages=(cmake ninja-build g++ libeigen3-dev gnuplot-nox)
+  local packages=(cmake ninja-build g++ libeigen3-dev gnuplot-nox libbenchmark-dev)
   if [ "$purpose" = test ]; then
-    packages+=(clang libbenchmark-dev)
+    packages+=(clang)
   fi
   if [ "$purpose" = test ] && [ "$codename" = bookworm ]; then
     # Debian 12 ships Catch2 v2; v3 comes from bookworm-backports.
