@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <limits>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -95,6 +96,12 @@ inline std::uint64_t parse_unsigned(std::string_view name, const std::string& te
   return value;
 }
 
+inline std::string shortest(double value) {
+  std::ostringstream out;
+  out << value;
+  return out.str();
+}
+
 inline double parse_real(std::string_view name, const std::string& text, double min, double max,
                          bool min_inclusive) {
   errno = 0;
@@ -104,7 +111,7 @@ inline double parse_real(std::string_view name, const std::string& text, double 
   if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE ||
       !std::isfinite(value) || below || value > max) {
     throw usage_error(std::string(name) + " expects a number in " + (min_inclusive ? "[" : "(") +
-                      std::to_string(min) + ", " + std::to_string(max) + "], got '" + text + "'");
+                      shortest(min) + ", " + shortest(max) + "], got '" + text + "'");
   }
   return value;
 }
@@ -131,9 +138,9 @@ inline DemoOptions parse_options(int argc, char** argv) {
     }
     if (name.rfind("--", 0) != 0) throw usage_error("unexpected argument '" + name + "'");
     static const std::vector<std::string> known = {
-        "--gamma", "--temperature",    "--top-k",  "--top-p",  "--tokens",
-        "--seed",  "--drafter",        "--prompt", "--corpus", "--order",
-        "--runs",  "--target-cost-us", "--html"};
+        "--gamma", "--temperature",    "--top-k",  "--top-p",      "--tokens",
+        "--seed",  "--drafter",        "--prompt", "--corpus",     "--order",
+        "--runs",  "--target-cost-us", "--html",   "--draft-order"};
     bool is_known = false;
     for (const auto& k : known) is_known = is_known || k == name;
     if (!is_known) throw usage_error("unknown option '" + name + "'");
