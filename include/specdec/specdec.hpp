@@ -4,6 +4,7 @@
 #include "specdec/analysis.hpp"     // IWYU pragma: export
 #include "specdec/concepts.hpp"   // IWYU pragma: export
 #include "specdec/config.hpp"     // IWYU pragma: export
+#include "specdec/draft_tree.hpp"  // IWYU pragma: export
 #include "specdec/drafters/count_models.hpp"   // IWYU pragma: export
 #include "specdec/drafters/ngram.hpp"          // IWYU pragma: export
 #include "specdec/drafters/prompt_lookup.hpp"  // IWYU pragma: export
@@ -14,5 +15,6 @@
 #include "specdec/residual_distribution.hpp"  // IWYU pragma: export
 #include "specdec/rows.hpp"       // IWYU pragma: export
 #include "specdec/speculative_sampling.hpp"  // IWYU pragma: export
+#include "specdec/tree_verification.hpp"  // IWYU pragma: export
 #include "specdec/validation.hpp"  // IWYU pragma: export
 #include "specdec/verification_result.hpp"  // IWYU pragma: export
