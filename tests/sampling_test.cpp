@@ -278,12 +278,17 @@ TEMPLATE_TEST_CASE("Standardizer: combined settings match the full-sort referenc
     const auto row = random_row<TestType>(size, 100 + static_cast<std::uint64_t>(trial), 0.3);
     if (support(row).empty()) continue;
     SamplingOptions options;
-    options.top_k = specdec::uniform_below(g, 3) == 0 ? 0 : specdec::uniform_below(g, size + 5);
+    const std::uint64_t k_kind = specdec::uniform_below(g, 3);  // none, heap-sized, any
+    options.top_k = k_kind == 0   ? 0
+                    : k_kind == 1 ? 1 + specdec::uniform_below(g, size / 16 + 1)
+                                  : specdec::uniform_below(g, size + 5);
+    const double temperatures[] = {1.0, 1.0, 0.5, 1.7};
+    options.temperature = temperatures[specdec::uniform_below(g, 4)];
     options.top_p = specdec::uniform_below(g, 4) == 0 ? 1.0 : specdec::uniform01<double>(g);
     if (options.top_p == 0.0) options.top_p = 0.5;
     options.min_p = specdec::uniform_below(g, 2) == 0 ? 0.0 : 0.2 * specdec::uniform01<double>(g);
-    INFO("trial " << trial << " V = " << size << " top_k = " << options.top_k
-                  << " top_p = " << options.top_p << " min_p = " << options.min_p);
+    INFO("trial " << trial << " V = " << size << " T = " << options.temperature << " top_k = "
+                  << options.top_k << " top_p = " << options.top_p << " min_p = " << options.min_p);
     standardizer = specdec::Standardizer<TestType>(options);
     std::vector<TestType> out(size);
     const double top = standardizer.apply(std::span<const TestType>(row), std::span<TestType>(out));
@@ -300,8 +305,37 @@ TEMPLATE_TEST_CASE("Standardizer: combined settings match the full-sort referenc
   }
 }
 
-TEMPLATE_TEST_CASE("Standardizer: double rows into float output and in-place use", "[sampling]",
-                   float, double) {
+TEMPLATE_TEST_CASE("Standardizer: logits follow the same reference", "[sampling]", float, double) {
+  specdec::xoshiro256pp g(12);
+  for (int trial = 0; trial < 100; ++trial) {
+    const std::size_t size = 1 + specdec::uniform_below(g, 2000);
+    const auto row = random_row<double>(size, 500 + static_cast<std::uint64_t>(trial), 0.2);
+    if (support(row).empty()) continue;
+    std::vector<TestType> logits(size);
+    std::vector<double> rounded(size);  // the probabilities the float logits stand for
+    for (std::size_t j = 0; j < size; ++j) {
+      logits[j] = static_cast<TestType>(std::log(row[j]) - 3.0);
+      rounded[j] = std::exp(static_cast<double>(logits[j]));
+    }
+    SamplingOptions options;
+    options.temperature = specdec::uniform_below(g, 2) == 0 ? 1.0 : 0.6;
+    options.top_k = specdec::uniform_below(g, 2) == 0 ? 0 : 1 + specdec::uniform_below(g, size);
+    options.top_p =
+        specdec::uniform_below(g, 2) == 0 ? 1.0 : 0.05 + 0.9 * specdec::uniform01<double>(g);
+    options.min_p = specdec::uniform_below(g, 2) == 0 ? 0.0 : 0.1 * specdec::uniform01<double>(g);
+    INFO("trial " << trial << " V = " << size << " T = " << options.temperature << " top_k = "
+                  << options.top_k << " top_p = " << options.top_p << " min_p = " << options.min_p);
+    const auto out = specdec::standardize_logits(logits, options);
+    const auto expected = reference_standardize(rounded, options);
+    REQUIRE(support(out) == support(expected));
+    for (std::size_t j = 0; j < size; ++j) {
+      CHECK(static_cast<double>(out[j]) ==
+            Catch::Approx(expected[j]).margin(tolerance<TestType>()));
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("Standardizer: double rows into float output", "[sampling]", float, double) {
   const auto row = random_row<double>(50, 5);
   const SamplingOptions options{.temperature = 0.8, .top_k = 10};
   specdec::Standardizer<TestType> standardizer(options);
@@ -311,9 +345,6 @@ TEMPLATE_TEST_CASE("Standardizer: double rows into float output and in-place use
   for (std::size_t j = 0; j < row.size(); ++j) {
     CHECK(static_cast<double>(out[j]) == Catch::Approx(expected[j]).margin(tolerance<TestType>()));
   }
-  std::vector<TestType> in_place(row.begin(), row.end());
-  standardizer.apply(std::span<const TestType>(in_place), std::span<TestType>(in_place));
-  CHECK(support(in_place) == support(out));
 }
 
 TEMPLATE_TEST_CASE("softmax is stable for large and -inf logits", "[sampling]", float, double) {

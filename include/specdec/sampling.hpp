@@ -33,6 +33,7 @@
 
 #include <Eigen/Core>
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -93,7 +94,15 @@ struct SamplingOptions {
 ///
 /// Input rows need finite, non-negative entries with a positive sum (they need not sum to
 /// 1 exactly); a row without a positive entry is copied through unchanged (the decoder
-/// validates rows before standardizing). The output always has the input's size.
+/// validates rows before standardizing). `out` has the input's size and must not overlap
+/// it.
+///
+/// Cost per row of V entries: T = 1 without truncation: ~4 streaming passes. T != 1: one
+/// vectorized log and exp per entry, except that with top-k they are computed for the k
+/// survivors only (the order is taken from the input, which temperature does not change).
+/// Top-k: one pass with a heap for k <= V/16, else nth_element. Top-p: one histogram pass
+/// over the binary exponents of the weights, then a selection among the tokens of the
+/// buckets that can hold the nucleus (expected linear time).
 template <ProbabilityScalar T>
 class Standardizer {
  public:
@@ -110,63 +119,106 @@ class Standardizer {
 
   /// Allocates the scratch space for rows of `vocab_size` entries now.
   void reserve(std::size_t vocab_size) {
-    if (needs_index()) index_.reserve(vocab_size);
+    if (options_.top_k != 0 || options_.top_p < 1.0) index_.reserve(vocab_size);
   }
 
-  /// Writes the standardized `probabilities` into `out` (same size, may not alias unless
-  /// it is the same row) and returns the largest standardized probability.
+  /// Writes the standardized `probabilities` into `out` (same size, not overlapping) and
+  /// returns the largest standardized probability.
   template <ProbabilityScalar U>
   double apply(std::span<const U> probabilities, std::span<T> out) {
     SPECDEC_ASSERT(out.size() == probabilities.size());
     const std::size_t size = probabilities.size();
     if (size == 0) return 0.0;
     if (options_.greedy()) return one_hot_argmax(probabilities, out);
-    const auto maximum = static_cast<T>(detail::max_entry(probabilities.data(), size));
-    if (!(maximum > T(0))) {
-      copy(probabilities, out);
+    const U maximum = detail::max_entry(probabilities.data(), size);
+    if (!(maximum > U(0))) {
+      std::transform(probabilities.begin(), probabilities.end(), out.begin(),
+                     [](U value) { return static_cast<T>(value); });
       return 0.0;
     }
-    if (options_.temperature == 1.0) {
-      copy(probabilities, out);
-    } else {
-      const double inverse_temperature = 1.0 / options_.temperature;
-      if (!(inverse_temperature <= static_cast<double>(std::numeric_limits<T>::max()))) {
-        return uniform_over_maxima(probabilities, out);
-      }
-      // p^(1/T) = exp(log(p / max) / T): the maximum maps to exactly 1, nothing overflows.
-      map(out) = (cmap(probabilities).template cast<T>() / maximum).log() *
-                 static_cast<T>(inverse_temperature);
-      exponentiate(out);
+    const double temperature = options_.temperature;
+    const bool use_min_p = options_.min_p > 0.0;
+    if (temperature == 1.0) {
+      const auto min_key = static_cast<U>(options_.min_p * static_cast<double>(maximum));
+      return finish(
+          probabilities, out, U(0), min_key, use_min_p, static_cast<T>(maximum),
+          [probabilities](std::size_t j) { return static_cast<T>(probabilities[j]); },
+          [probabilities](std::span<T> all) {
+            std::transform(probabilities.begin(), probabilities.end(), all.begin(),
+                           [](U value) { return static_cast<T>(value); });
+          });
     }
-    return truncate_and_normalize(out);
+    const double inverse_temperature = 1.0 / temperature;
+    if (!(inverse_temperature <= static_cast<double>(std::numeric_limits<T>::max()))) {
+      return uniform_over_maxima(probabilities, out, maximum, U(0));
+    }
+    // p^(1/T) = exp(log(p / max) / T): the maximum maps to exactly 1, nothing overflows.
+    // Tempered w >= min_p * 1  <=>  p >= max * min_p^T.
+    const auto min_key =
+        static_cast<U>(static_cast<double>(maximum) * std::pow(options_.min_p, temperature));
+    const auto scale = static_cast<T>(inverse_temperature);
+    const auto top = static_cast<T>(maximum);
+    return finish(
+        probabilities, out, U(0), min_key, use_min_p, T(1),
+        [probabilities, top, scale](std::size_t j) {
+          const T weight = std::exp(std::log(static_cast<T>(probabilities[j]) / top) * scale);
+          return weight < std::numeric_limits<T>::min() ? T(0) : weight;
+        },
+        [probabilities, top, scale](std::span<T> all) {
+          map(all) = (cmap(probabilities).template cast<T>() / top).log() * scale;
+          detail::exponentiate_flushing(all.data(), all.size());
+        });
   }
 
-  /// Writes standardize(softmax(logits)) into `out`: logits (or log-probabilities; any
-  /// additive constant cancels) with -inf for impossible tokens. Computed stably as
-  /// exp((logit - max logit) / T). Returns the largest standardized probability. All
-  /// entries -inf gives a zero row; a NaN or +inf logit gives NaN entries.
+  /// Writes standardize(softmax(logits)) into `out` (same size, not overlapping): logits
+  /// (or log-probabilities; any additive constant cancels) with -inf for impossible
+  /// tokens, computed stably as exp((logit - max logit) / T). Returns the largest
+  /// standardized probability. All entries -inf gives a zero row; a NaN or +inf logit
+  /// gives NaN entries.
   template <ProbabilityScalar U>
   double apply_logits(std::span<const U> logits, std::span<T> out) {
     SPECDEC_ASSERT(out.size() == logits.size());
     const std::size_t size = logits.size();
     if (size == 0) return 0.0;
     if (options_.greedy()) return one_hot_argmax(logits, out);
-    const auto maximum = static_cast<T>(detail::max_entry(logits.data(), size));
-    if (maximum == -std::numeric_limits<T>::infinity()) {
+    const U maximum = detail::max_entry(logits.data(), size);
+    constexpr U impossible = -std::numeric_limits<U>::infinity();
+    if (maximum == impossible) {
       std::fill(out.begin(), out.end(), T(0));
       return 0.0;
     }
-    const double inverse_temperature = 1.0 / options_.temperature;
-    if (!(inverse_temperature <= static_cast<double>(std::numeric_limits<T>::max()))) {
-      return uniform_over_maxima(logits, out);
+    if (!(maximum < std::numeric_limits<U>::infinity())) {  // +inf or NaN: NaN row
+      std::fill(out.begin(), out.end(), std::numeric_limits<T>::quiet_NaN());
+      return 0.0;
     }
-    map(out) = (cmap(logits).template cast<T>() - maximum) * static_cast<T>(inverse_temperature);
-    exponentiate(out);
-    return truncate_and_normalize(out);
+    const double temperature = options_.temperature;
+    const double inverse_temperature = 1.0 / temperature;
+    if (!(inverse_temperature <= static_cast<double>(std::numeric_limits<T>::max()))) {
+      return uniform_over_maxima(logits, out, maximum, impossible);
+    }
+    // Tempered w >= min_p  <=>  logit >= max + T log(min_p).
+    const bool use_min_p = options_.min_p > 0.0;
+    const auto min_key =
+        use_min_p
+            ? static_cast<U>(static_cast<double>(maximum) + temperature * std::log(options_.min_p))
+            : impossible;
+    const auto scale = static_cast<T>(inverse_temperature);
+    const auto top = static_cast<T>(maximum);
+    return finish(
+        logits, out, impossible, min_key, use_min_p, T(1),
+        [logits, top, scale](std::size_t j) {
+          const T weight = std::exp((static_cast<T>(logits[j]) - top) * scale);
+          return weight < std::numeric_limits<T>::min() ? T(0) : weight;
+        },
+        [logits, top, scale](std::span<T> all) {
+          map(all) = (cmap(logits).template cast<T>() - top) * scale;
+          detail::exponentiate_flushing(all.data(), all.size());
+        });
   }
 
  private:
   using array_map = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
+  using index_iterator = std::vector<std::uint32_t>::iterator;
 
   [[nodiscard]] static array_map map(std::span<T> row) noexcept {
     return array_map(row.data(), static_cast<Eigen::Index>(row.size()));
@@ -177,24 +229,6 @@ class Standardizer {
         row.data(), static_cast<Eigen::Index>(row.size()));
   }
 
-  // In place: x -> exp(x) for exponents x <= 0. Exponents below log(smallest normal T),
-  // -inf included, give exactly 0 (vectorized exp clamps its argument, so exp(-inf) would
-  // otherwise come out as a tiny positive number and zeros would gain support).
-  static void exponentiate(std::span<T> exponents) noexcept {
-    detail::exponentiate_flushing(exponents.data(), exponents.size());
-  }
-
-  template <class U>
-  static void copy(std::span<const U> in, std::span<T> out) noexcept {
-    if (static_cast<const void*>(in.data()) == static_cast<const void*>(out.data())) return;
-    std::transform(in.begin(), in.end(), out.begin(),
-                   [](U value) { return static_cast<T>(value); });
-  }
-
-  [[nodiscard]] bool needs_index() const noexcept {
-    return options_.top_k != 0 || options_.top_p < 1.0;
-  }
-
   template <class U>
   static double one_hot_argmax(std::span<const U> in, std::span<T> out) noexcept {
     const std::size_t best = detail::first_argmax(in.data(), in.size());
@@ -203,63 +237,163 @@ class Standardizer {
     return 1.0;
   }
 
-  // The T -> 0 limit when 1/T is not representable: uniform over the maximal entries.
+  // The T -> 0 limit when 1/T is not representable: weight 1 for the maximal entries.
   template <class U>
-  double uniform_over_maxima(std::span<const U> in, std::span<T> out) {
-    const U best = detail::max_entry(in.data(), in.size());
-    std::transform(in.begin(), in.end(), out.begin(),
-                   [best](U value) { return value == best ? T(1) : T(0); });
-    return truncate_and_normalize(out);
+  double uniform_over_maxima(std::span<const U> key, std::span<T> out, U maximum, U floor) {
+    return finish(
+        key, out, floor, maximum, false, T(1),
+        [key, maximum](std::size_t j) { return key[j] == maximum ? T(1) : T(0); },
+        [key, maximum](std::span<T> all) {
+          std::transform(key.begin(), key.end(), all.begin(),
+                         [maximum](U value) { return value == maximum ? T(1) : T(0); });
+        });
   }
 
-  // Steps 2-5 on non-negative weights whose maximum is positive.
-  double truncate_and_normalize(std::span<T> weights) {
-    const std::size_t size = weights.size();
-    const T maximum = detail::max_entry(weights.data(), size);
-    if (needs_index()) truncate_ranked(weights);
-    if (options_.min_p > 0.0) {
-      const T threshold = static_cast<T>(options_.min_p) * maximum;
-      for (T& weight : weights) weight = weight >= threshold ? weight : T(0);
-    }
-    const double total = detail::sum_in_double(weights.data(), size);
-    if (!(total > 0.0)) return 0.0;
-    const T scale = static_cast<T>(1.0 / total);
-    map(weights) *= scale;
-    return static_cast<double>(maximum) / total;
-  }
-
-  // Top-k then top-p on the ids of the non-zero weights, ordered "more probable first,
-  // lower id first". Both keep a prefix of that order; everything else is set to zero.
-  void truncate_ranked(std::span<T> weights) {
-    index_.clear();
-    for (std::size_t j = 0; j < weights.size(); ++j) {
-      if (weights[j] > T(0)) index_.push_back(static_cast<std::uint32_t>(j));
-    }
-    const detail::more_probable_first<T> before{weights.data()};
-    auto first = index_.begin();
-    auto kept = index_.end();
+  // Steps 2-5 (file comment). `key` ranks the tokens (probabilities or logits; higher
+  // first, lower id first among equal keys; temperature keeps this order) and tokens with
+  // key <= floor are impossible. weight_of(j) is the tempered weight of token j, fill_all
+  // writes every weight; top_weight is the weight of the top token. min-p keeps key >=
+  // min_key.
+  template <class U, class WeightOf, class FillAll>
+  double finish(std::span<const U> key, std::span<T> out, U floor, U min_key, bool use_min_p,
+                T top_weight, WeightOf weight_of, FillAll fill_all) {
+    const std::size_t size = key.size();
     const std::size_t k = options_.top_k;
-    if (k != 0 && k < index_.size()) {
-      kept = first + static_cast<std::ptrdiff_t>(k);
-      std::nth_element(first, kept, index_.end(), before);
+    if (k != 0 && k < size) {
+      // Top-k from the keys, weights only for the survivors.
+      select_top_k(key, floor, k);
+      std::fill(out.begin(), out.end(), T(0));
+      for (const std::uint32_t j : index_) out[j] = weight_of(j);
+      auto kept = index_.end();
+      if (options_.top_p < 1.0) {
+        double mass = 0.0;
+        for (const std::uint32_t j : index_) mass += static_cast<double>(out[j]);
+        kept = nucleus_end(key, out, index_.begin(), index_.end(), options_.top_p * mass).first;
+        for (auto it = kept; it != index_.end(); ++it) out[*it] = T(0);
+      }
+      double total = 0.0;
+      for (auto it = index_.begin(); it != kept; ++it) {
+        if (use_min_p && key[*it] < min_key) out[*it] = T(0);
+        total += static_cast<double>(out[*it]);
+      }
+      if (!(total > 0.0)) return 0.0;
+      const auto scale = static_cast<T>(1.0 / total);
+      for (auto it = index_.begin(); it != kept; ++it) out[*it] *= scale;
+      return static_cast<double>(top_weight) / total;
     }
-    if (options_.top_p < 1.0) kept = nucleus_end(weights, first, kept);
-    for (auto it = kept; it != index_.end(); ++it) weights[*it] = T(0);
+    fill_all(out);
+    if (options_.top_p < 1.0) keep_nucleus(key, out, floor, top_weight);
+    if (use_min_p) {
+      for (std::size_t j = 0; j < size; ++j) out[j] = key[j] >= min_key ? out[j] : T(0);
+    }
+    const double total = detail::sum_in_double(out.data(), size);
+    if (!(total > 0.0)) return 0.0;
+    map(out) *= static_cast<T>(1.0 / total);
+    return static_cast<double>(top_weight) / total;
   }
 
-  // End of the smallest prefix (in rank order) of [first, last) whose mass reaches top_p
-  // times the mass of [first, last). Selects by halving with nth_element (expected linear
-  // time), then sorts only the final short range.
-  using index_iterator = std::vector<std::uint32_t>::iterator;
-  index_iterator nucleus_end(std::span<const T> weights, index_iterator first,
-                             index_iterator last) const {
+  // index_ = the ids of the k largest keys above floor (unordered; fewer if fewer exist).
+  template <class U>
+  void select_top_k(std::span<const U> key, U floor, std::size_t k) {
+    index_.clear();
+    const detail::more_probable_first<U> before{key.data()};
+    const std::size_t size = key.size();
+    if (k <= size / 16) {
+      // A heap of the k best so far with the worst on top: most entries fail one compare.
+      // Ids arrive in increasing order, so an equal key never displaces an earlier id.
+      U worst{};
+      for (std::size_t j = 0; j < size; ++j) {
+        const U value = key[j];
+        if (!(value > floor)) continue;
+        if (index_.size() < k) {
+          index_.push_back(static_cast<std::uint32_t>(j));
+          std::push_heap(index_.begin(), index_.end(), before);
+          worst = key[index_.front()];
+        } else if (value > worst) {
+          std::pop_heap(index_.begin(), index_.end(), before);
+          index_.back() = static_cast<std::uint32_t>(j);
+          std::push_heap(index_.begin(), index_.end(), before);
+          worst = key[index_.front()];
+        }
+      }
+      return;
+    }
+    for (std::size_t j = 0; j < size; ++j) {
+      if (key[j] > floor) index_.push_back(static_cast<std::uint32_t>(j));
+    }
+    if (index_.size() > k) {
+      std::nth_element(index_.begin(), index_.begin() + static_cast<std::ptrdiff_t>(k),
+                       index_.end(), before);
+      index_.resize(k);
+    }
+  }
+
+  // Top-p over a full row of weights: zeroes every token ranked after the nucleus.
+  template <class U>
+  void keep_nucleus(std::span<const U> key, std::span<T> weights, U floor, T top_weight) {
+    const std::size_t size = key.size();
+    // Histogram of the mass over buckets of width 2^(1/16) below the top weight (binary
+    // exponent and 4 mantissa bits). Weights are monotone in the key, so the buckets above
+    // the one where the cumulated mass reaches `needed` hold a prefix of the ranking, kept
+    // whole; only the tokens of that boundary bucket need ranking.
+    constexpr std::size_t buckets = 1024;
+    std::array<double, buckets> mass{};
+    const std::int64_t top_code = detail::magnitude_code(top_weight);
+    const auto bucket_of = [top_code](T weight) {
+      const std::int64_t offset = top_code - detail::magnitude_code(weight);
+      return static_cast<std::size_t>(std::clamp<std::int64_t>(offset, 0, buckets - 1));
+    };
+    for (std::size_t j = 0; j < size; ++j) {
+      const T weight = weights[j];
+      if (weight > T(0)) mass[bucket_of(weight)] += static_cast<double>(weight);
+    }
+    double total = 0.0;
+    for (const double m : mass) total += m;
+    const double needed = options_.top_p * total;
+    std::size_t boundary = 0;
+    double above = 0.0;  // mass of the buckets before the boundary bucket
+    for (; boundary + 1 < buckets; ++boundary) {
+      if (above + mass[boundary] >= needed) break;
+      above += mass[boundary];
+    }
+    index_.clear();
+    for (std::size_t j = 0; j < size; ++j) {
+      const T weight = weights[j];
+      if (weight > T(0) && bucket_of(weight) == boundary) {
+        index_.push_back(static_cast<std::uint32_t>(j));
+      }
+    }
+    auto [end, reached] = nucleus_end(key, weights, index_.begin(), index_.end(), needed - above);
+    if (!reached || index_.empty()) {  // rounding: rank every possible token instead
+      index_.clear();
+      for (std::size_t j = 0; j < size; ++j) {
+        if (key[j] > floor && weights[j] > T(0)) index_.push_back(static_cast<std::uint32_t>(j));
+      }
+      end = nucleus_end(key, weights, index_.begin(), index_.end(), needed).first;
+    }
+    // Keep exactly the tokens ranked up to the last one of the nucleus.
+    const std::uint32_t last = *(end - 1);
+    const U last_key = key[last];
+    for (std::size_t j = 0; j < size; ++j) {
+      const bool kept = key[j] > last_key || (key[j] == last_key && j <= last);
+      weights[j] = kept ? weights[j] : T(0);
+    }
+  }
+
+  // Ranks [first, last) (higher key first, lower id first) far enough to find the end of
+  // the shortest prefix whose weight reaches `needed` (> 0): halving with nth_element
+  // (expected linear time), then sorting only the final short range. Returns that end and
+  // whether `needed` was reached (else the end is `last`).
+  template <class U>
+  std::pair<index_iterator, bool> nucleus_end(std::span<const U> key, std::span<const T> weights,
+                                              index_iterator first, index_iterator last,
+                                              double needed) const {
     const auto mass = [&](index_iterator from, index_iterator to) {
       double sum = 0.0;
       for (auto it = from; it != to; ++it) sum += static_cast<double>(weights[*it]);
       return sum;
     };
-    const double needed = options_.top_p * mass(first, last);
-    const detail::more_probable_first<T> before{weights.data()};
+    const detail::more_probable_first<U> before{key.data()};
     constexpr std::ptrdiff_t sort_below = 32;
     double reached = 0.0;  // mass of the ranked prefix before `low`
     auto low = first;
@@ -278,9 +412,9 @@ class Standardizer {
     std::sort(low, high, before);
     for (auto it = low; it != high; ++it) {
       reached += static_cast<double>(weights[*it]);
-      if (reached >= needed) return it + 1;
+      if (reached >= needed) return {it + 1, true};
     }
-    return high;
+    return {high, high != last};
   }
 
   SamplingOptions options_;
