@@ -16,6 +16,8 @@
 //     argmax when the maximum is unique). Zero entries stay zero for every T.
 //  2. top-k (k > 0): keep the k most probable tokens. Ties are broken by token id, lower
 //     id first, so exactly min(k, #non-zero) tokens survive. k = 0 or k >= V: no-op.
+//     Ranks come from the input probabilities (or logits), which temperature does not
+//     reorder, so rounding in the tempered weights never changes which tokens survive.
 //  3. top-p (nucleus, p < 1): keep the smallest set of most probable tokens whose mass
 //     reaches p times the mass surviving step 2 (the set is a prefix of the order "higher
 //     probability first, lower id first"; masses are accumulated in double). p = 1: no-op

@@ -1,0 +1,781 @@
+// specdec — SpeculativeDecoder: the generation loop of speculative decoding (paper Sec. 2.3,
+// Algorithm 1 applied step after step), with standardized sampling on both sides, stop
+// conditions, statistics, streaming, and a step-wise API for engines with their own loop.
+//
+// One step (DESIGN.md "One decoding step"):
+//  1. gamma = gamma_policy.next_gamma(). A step emits up to gamma + 1 tokens; what would pass
+//     max_new_tokens is dropped (a prefix of an exact sample is exact), never emitted.
+//  2. Drafting. A LanguageModel draft is called once per token on context + x_1..x_{i-1};
+//     its row is standardized (sampling.hpp) into the decoder's workspace, normalized, and the
+//     decoder itself draws x_i from it — so the q in the acceptance ratio is always the q the
+//     token came from. Greedy (T = 0) drafts the argmax. A ProposalDrafter is called once and
+//     its tokens are verified with a one-hot q. After each drafted token the policy's
+//     continue_drafting(top probability of the standardized q row, drafted) may end drafting
+//     (greedy LM drafts pass the raw row's top probability, proposal drafters pass 1.0);
+//     drafting also ends right after a stop token.
+//  3. Scoring. A BatchedLanguageModel target scores all gamma + 1 prefixes in ONE score_draft
+//     call; any other target is called once per prefix. Target rows get the same
+//     standardization as draft rows.
+//  4. Verification by the exact core: verify_speculative (LanguageModel draft),
+//     verify_speculative_proposals (proposal drafter), verify_greedy (T = 0, exact match).
+//  5. Emission of x_1..x_n, t, cut right after a stop token or stop sequence; the policy
+//     observes the outcome; statistics are recorded; the streaming callback sees each token.
+//
+// Rows are used in place (no copy) only when the target is batched and the standardization
+// is the identity (T = 1, no truncation) or greedy. Draft rows and per-prefix target rows
+// are copied once into the decoder's workspace: a model's returned view is only valid until
+// its next call. The workspace is sized at construction for the policy's first gamma and
+// grows only if a later gamma is larger: a steady-state step allocates nothing (tested with
+// a counting allocator).
+//
+// Stateful (KV-cache) models receive the whole context on every call; CachedContext
+// (cached_context.hpp) turns it into truncate/append calls.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <limits>
+#include <random>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "specdec/cached_context.hpp"  // IWYU pragma: export (for stateful models)
+#include "specdec/concepts.hpp"
+#include "specdec/config.hpp"
+#include "specdec/detail/decoder_kernels.hpp"
+#include "specdec/error.hpp"
+#include "specdec/gamma_policy.hpp"
+#include "specdec/greedy_verification.hpp"
+#include "specdec/random.hpp"
+#include "specdec/residual_distribution.hpp"
+#include "specdec/rows.hpp"
+#include "specdec/sampling.hpp"
+#include "specdec/speculative_sampling.hpp"
+#include "specdec/validation.hpp"
+#include "specdec/verification_result.hpp"
+
+namespace specdec {
+
+/// Why generation (or a step) ended.
+enum class stop_reason : std::uint8_t {
+  none,            ///< a step that did not end generation
+  max_new_tokens,  ///< the token budget is used up exactly
+  stop_token,      ///< a stop token was emitted (it is the last token)
+  stop_sequence,   ///< a stop sequence was completed (its tokens are the last tokens)
+};
+
+/// "none", "max_new_tokens", "stop_token" or "stop_sequence".
+[[nodiscard]] constexpr std::string_view to_string(stop_reason reason) noexcept {
+  switch (reason) {
+    case stop_reason::none:
+      return "none";
+    case stop_reason::max_new_tokens:
+      return "max_new_tokens";
+    case stop_reason::stop_token:
+      return "stop_token";
+    case stop_reason::stop_sequence:
+      return "stop_sequence";
+  }
+  return "unknown";
+}
+
+/// One emitted token as the streaming callback sees it: enough to draw the paper's Fig. 1.
+struct EmittedToken {
+  token_id token = 0;
+  token_source source = token_source::draft;  ///< accepted draft, correction or bonus
+  std::size_t step = 0;      ///< step index: within the generate() call, or counted by step()
+  std::size_t position = 0;  ///< index of the token in the whole sequence (prompt included)
+  friend constexpr bool operator==(const EmittedToken&, const EmittedToken&) = default;
+};
+
+/// Configuration of a SpeculativeDecoder. Checked at construction (errc::invalid_option
+/// naming the option).
+struct DecoderOptions {
+  /// Standardization applied identically to target and draft rows; temperature 0 selects
+  /// greedy decoding with exact-match verification.
+  SamplingOptions sampling{};
+  /// Draft length per step; FixedGamma{4} by default. See gamma_policy.hpp for the protocol.
+  AnyGammaPolicy gamma_policy = FixedGamma{4};
+  /// Generation ends right after any of these tokens (it is emitted, nothing after it).
+  std::vector<token_id> stop_tokens{};
+  /// Generation ends right after the generated tokens end with any of these sequences
+  /// (non-empty; matched on generated tokens only in generate(), on the whole context in
+  /// step()).
+  std::vector<std::vector<token_id>> stop_sequences{};
+  /// Lenience l in (0, 1] (paper App. A.5), forwarded to the verifier; 1 = exact. Must be 1
+  /// for greedy decoding.
+  double lenience = 1.0;
+  /// Validate every model row (size always; NaN/Inf/negative entries, zero mass and
+  /// normalization here): reads each full row once more, about one extra pass over
+  /// (2 gamma + 1) rows per step. Off: rows are the caller's documented precondition.
+  bool validate_rows = true;
+  /// Collect the mean beta statistic: reads min(n + 1, gamma) full row pairs per step for
+  /// LanguageModel drafts at T > 0 (nothing extra for greedy or proposal drafters).
+  bool collect_beta = true;
+  /// Called for every emitted token, in order, after the step's bookkeeping. Invoking it
+  /// never allocates; exceptions from it propagate unchanged (tokens stay in generated()).
+  std::function<void(const EmittedToken&)> on_token{};
+};
+
+/// What one speculative step did. The spans view the decoder's storage and stay valid until
+/// its next step or generate call.
+struct StepResult {
+  std::span<const token_id> tokens{};       ///< x_1..x_n, t — cut after a stop condition
+  std::span<const token_source> sources{};  ///< provenance of each token
+  std::size_t drafted = 0;                  ///< gamma actually drafted
+  std::size_t accepted = 0;                 ///< n: drafts accepted by the verifier
+  bool residual_fallback = false;           ///< the correction came from p (zero residual)
+  stop_reason stop = stop_reason::none;     ///< the stop condition that ended generation, if any
+  std::size_t target_calls = 0;             ///< 1 with score_draft, else drafted + 1
+  std::size_t draft_calls = 0;              ///< drafted for LanguageModel drafts, 1 for drafters
+  double beta_sum = 0.0;                    ///< sum of beta over this step's verified positions
+  std::size_t beta_positions = 0;           ///< verified positions with a beta (see statistics)
+};
+
+/// Counters over the steps of a decoder (since construction or reset_statistics()), or of
+/// one generate() call (GenerationResult::statistics).
+///
+/// Invariant: emitted_tokens == accepted_tokens + steps, except for the tokens dropped from
+/// the last step of a generation by max_new_tokens, a stop token or a stop sequence.
+///
+/// beta (the paper's acceptance rate at one position, Def. 3.1) is collected over verified
+/// positions i = 1..min(n + 1, gamma) of each step:
+///  - LanguageModel draft, T > 0: beta_i = sum_x min(p_i(x), q_i(x)) of the standardized rows
+///    (Thm. 3.5); mean_beta() is the paper's estimator of alpha = E[beta] (Cor. 3.6). Note
+///    that positions after accepted drafts are conditioned on those acceptances, so with
+///    context-dependent models the mean is weighted toward contexts the draft predicts well.
+///  - ProposalDrafter, T > 0: q_i is one-hot on x_i, so beta_i = p_i(x_i) (the probability
+///    of accepting the proposal).
+///  - greedy (T = 0): p and q are one-hot, beta_i = 1 if x_i matched the target's argmax,
+///    else 0.
+struct DecoderStatistics {
+  std::size_t steps = 0;
+  std::size_t target_calls = 0;
+  std::size_t draft_calls = 0;
+  std::size_t drafted_tokens = 0;
+  std::size_t accepted_tokens = 0;
+  std::size_t emitted_tokens = 0;
+  std::size_t residual_fallbacks = 0;  ///< corrections drawn from p: zero residual mass
+  /// accepted_histogram[n] = number of steps that accepted exactly n drafts.
+  std::vector<std::size_t> accepted_histogram{};
+  double beta_sum = 0.0;
+  std::size_t beta_positions = 0;
+
+  /// Adds one step.
+  void record(const StepResult& step) {
+    ++steps;
+    target_calls += step.target_calls;
+    draft_calls += step.draft_calls;
+    drafted_tokens += step.drafted;
+    accepted_tokens += step.accepted;
+    emitted_tokens += step.tokens.size();
+    residual_fallbacks += step.residual_fallback ? 1U : 0U;
+    if (accepted_histogram.size() <= step.accepted) {
+      accepted_histogram.resize(step.accepted + 1, 0);
+    }
+    ++accepted_histogram[step.accepted];
+    beta_sum += step.beta_sum;
+    beta_positions += step.beta_positions;
+  }
+
+  /// Mean beta over verified positions (the alpha estimator); 0 if none were seen.
+  [[nodiscard]] double mean_beta() const noexcept {
+    return beta_positions == 0 ? 0.0 : beta_sum / static_cast<double>(beta_positions);
+  }
+  /// Emitted tokens per target call (per step for batched targets).
+  [[nodiscard]] double tokens_per_target_call() const noexcept {
+    return target_calls == 0
+               ? 0.0
+               : static_cast<double>(emitted_tokens) / static_cast<double>(target_calls);
+  }
+  /// Emitted tokens per step (the paper's improvement factor in target calls, Eq. 1).
+  [[nodiscard]] double tokens_per_step() const noexcept {
+    return steps == 0 ? 0.0 : static_cast<double>(emitted_tokens) / static_cast<double>(steps);
+  }
+  /// Accepted over drafted tokens.
+  [[nodiscard]] double acceptance_rate() const noexcept {
+    return drafted_tokens == 0
+               ? 0.0
+               : static_cast<double>(accepted_tokens) / static_cast<double>(drafted_tokens);
+  }
+};
+
+/// What generate() returns.
+struct GenerationResult {
+  std::vector<token_id> tokens{};  ///< the new tokens (prompt excluded)
+  stop_reason stop = stop_reason::max_new_tokens;
+  DecoderStatistics statistics{};  ///< of this call only
+};
+
+template <LanguageModel TargetModel, DraftSource DraftModel>
+class SpeculativeDecoder;
+
+/// Thrown by a decoder when a model misbehaves: a row of the wrong size, NaN/Inf/negative
+/// entries, zero mass or a bad sum (the errc of validation.hpp), an invalid proposed token
+/// (invalid_token), or a model that threw (model_failure; the model's exception is nested:
+/// std::rethrow_if_nested). The message names the model (target or draft), the step, the
+/// row within the step and the sequence position the row predicts.
+///
+/// tokens() holds the tokens generate() had emitted before the failing step (empty when
+/// thrown from step(): a failed step emits nothing). The decoder stays usable; the failed
+/// step changes neither the statistics nor the gamma policy.
+class decoding_error : public error {
+ public:
+  decoding_error(errc code, const std::string& message, std::size_t step)
+      : error(code, message), step_(step) {}
+
+  [[nodiscard]] std::span<const token_id> tokens() const noexcept { return tokens_; }
+  [[nodiscard]] std::size_t step() const noexcept { return step_; }
+
+ private:
+  template <LanguageModel TargetModel, DraftSource DraftModel>
+  friend class SpeculativeDecoder;
+  std::vector<token_id> tokens_;
+  std::size_t step_;
+};
+
+/// Speculative decoding of `TargetModel` (M_p) with `DraftModel` (M_q): a LanguageModel
+/// (the decoder samples its drafts from its standardized q rows) or a ProposalDrafter
+/// (proposals verified with a one-hot q; a type that is both is used as a LanguageModel).
+/// Holds references: both models must outlive the decoder. Not thread-safe (one decoder per
+/// thread; models are called from the calling thread only).
+///
+/// Output law: for T > 0 and lenience 1, the generated sequence is distributed exactly as
+/// autoregressive sampling from the standardized target rows (paper App. A.1), whatever the
+/// draft and the gamma policy; for T = 0 it equals greedy decoding of the target token for
+/// token (ties: lowest id).
+/// @code
+/// specdec::DecoderOptions options;
+/// options.sampling.temperature = 0.7;
+/// options.sampling.top_p = 0.9;
+/// options.stop_tokens = {eos};
+/// specdec::SpeculativeDecoder decoder(target, draft, options);
+/// auto result = decoder.generate(prompt, 128, /*seed=*/42);
+/// // result.tokens, result.stop, result.statistics.mean_beta(), ...
+/// @endcode
+template <LanguageModel TargetModel, DraftSource DraftModel>
+class SpeculativeDecoder {
+  using target_row_type =
+      decltype(std::declval<TargetModel&>().next_token_probabilities(std::span<const token_id>()));
+
+ public:
+  /// The scalar type of the target's rows; every workspace row uses it.
+  using value_type = probability_scalar_t<target_row_type>;
+  /// Whether the draft is used as a LanguageModel (else as a ProposalDrafter).
+  static constexpr bool draft_is_model = LanguageModel<DraftModel>;
+  /// Whether the target scores all prefixes in one call.
+  static constexpr bool target_is_batched = BatchedLanguageModel<TargetModel>;
+  /// "No token limit" for step().
+  static constexpr std::size_t unlimited = std::numeric_limits<std::size_t>::max();
+
+  /// Checks the options (errc::invalid_option naming the option) and the vocabularies
+  /// (errc::invalid_size for V = 0; errc::vocab_mismatch if a LanguageModel draft has a
+  /// different vocab_size()), then sizes the workspace for the policy's first gamma.
+  SpeculativeDecoder(TargetModel& target, DraftModel& draft, DecoderOptions options = {})
+      : target_(&target),
+        draft_(&draft),
+        options_(std::move(options)),
+        vocab_size_(static_cast<std::size_t>(target.vocab_size())),
+        standardizer_(checked_sampling(options_.sampling)) {
+    check_options();
+    stop_lookup_.assign(vocab_size_, 0);
+    for (const token_id stop : options_.stop_tokens) {
+      stop_lookup_[static_cast<std::size_t>(stop)] = 1;
+    }
+    standardizer_.reserve(vocab_size_);
+    grow_workspace(options_.gamma_policy.next_gamma());
+  }
+
+  SpeculativeDecoder(const SpeculativeDecoder&) = delete;
+  SpeculativeDecoder& operator=(const SpeculativeDecoder&) = delete;
+  SpeculativeDecoder(SpeculativeDecoder&&) noexcept = default;
+  SpeculativeDecoder& operator=(SpeculativeDecoder&&) noexcept = default;
+  ~SpeculativeDecoder() = default;
+
+  /// Generates up to `max_new_tokens` tokens after `prompt` (never more, even when a step
+  /// accepts gamma + 1), ending early right after a stop token or stop sequence.
+  /// Throws decoding_error (carrying the tokens emitted before the failing step) when a
+  /// model misbehaves.
+  template <std::uniform_random_bit_generator G>
+  GenerationResult generate(std::span<const token_id> prompt, std::size_t max_new_tokens, G& g) {
+    GenerationResult result;
+    result.statistics.accepted_histogram.reserve(workspace_gamma_ + 1);
+    sequence_.clear();
+    sequence_.reserve(prompt.size() + std::min<std::size_t>(max_new_tokens, 1U << 16U) +
+                      workspace_gamma_ + 1);
+    sequence_.assign(prompt.begin(), prompt.end());
+    prompt_length_ = prompt.size();
+    step_index_ = 0;
+    try {
+      while (generated().size() < max_new_tokens) {
+        const StepResult step = run_step(g, max_new_tokens - generated().size(), prompt_length_);
+        result.statistics.record(step);
+        if (step.stop != stop_reason::none) {
+          result.stop = step.stop;
+          break;
+        }
+      }
+    } catch (decoding_error& failure) {
+      failure.tokens_.assign(generated().begin(), generated().end());
+      throw;
+    }
+    result.tokens.assign(generated().begin(), generated().end());
+    return result;
+  }
+
+  /// generate() with a default_engine seeded by `seed`.
+  GenerationResult generate(std::span<const token_id> prompt, std::size_t max_new_tokens,
+                            std::uint64_t seed) {
+    default_engine g(seed);
+    return generate(prompt, max_new_tokens, g);
+  }
+
+  /// One speculative step after `context` (the whole accepted sequence), emitting at most
+  /// `max_tokens` (>= 1) tokens; stop tokens and stop sequences (matched on the context
+  /// plus the new tokens) cut the step as in generate(). The engine appends result.tokens
+  /// to its context itself. Throws decoding_error (with no tokens: a failed step emits
+  /// nothing).
+  template <std::uniform_random_bit_generator G>
+  StepResult step(std::span<const token_id> context, G& g, std::size_t max_tokens = unlimited) {
+    if (max_tokens == 0) return StepResult{.stop = stop_reason::max_new_tokens};
+    sequence_.assign(context.begin(), context.end());
+    prompt_length_ = context.size();
+    return run_step(g, max_tokens, 0);
+  }
+
+  /// Reserves room for contexts of `context_length` tokens (plus a step's drafts), so that
+  /// step() does not allocate for contexts up to that length.
+  void reserve(std::size_t context_length) {
+    sequence_.reserve(context_length + workspace_gamma_ + 1);
+  }
+
+  /// The tokens generated by the current or last generate() call (also after an exception).
+  [[nodiscard]] std::span<const token_id> generated() const noexcept {
+    return std::span<const token_id>(sequence_).subspan(std::min(prompt_length_, sequence_.size()));
+  }
+
+  /// Statistics over every step since construction or the last reset_statistics().
+  [[nodiscard]] const DecoderStatistics& statistics() const noexcept { return statistics_; }
+  void reset_statistics() {
+    statistics_ = DecoderStatistics{};
+    statistics_.accepted_histogram.reserve(workspace_gamma_ + 1);
+  }
+
+  [[nodiscard]] const DecoderOptions& options() const noexcept { return options_; }
+  /// The gamma policy with its learned state (e.g. to inspect an adaptive policy).
+  [[nodiscard]] AnyGammaPolicy& gamma_policy() noexcept { return options_.gamma_policy; }
+  [[nodiscard]] std::size_t vocab_size() const noexcept { return vocab_size_; }
+  [[nodiscard]] TargetModel& target() const noexcept { return *target_; }
+  [[nodiscard]] DraftModel& draft() const noexcept { return *draft_; }
+
+ private:
+  using clock = std::chrono::steady_clock;
+
+  static const SamplingOptions& checked_sampling(const SamplingOptions& sampling) {
+    sampling.validate();
+    return sampling;
+  }
+
+  void check_options() {
+    if (!(options_.lenience > 0.0 && options_.lenience <= 1.0)) {
+      detail::throw_error(errc::invalid_option, "decoder option lenience = ", options_.lenience,
+                          " must be in (0, 1]");
+    }
+    if (options_.sampling.greedy() && options_.lenience != 1.0) {
+      detail::throw_error(errc::invalid_option, "decoder option lenience = ", options_.lenience,
+                          " needs temperature > 0 (greedy decoding verifies by exact match)");
+    }
+    if (options_.gamma_policy.next_gamma() == 0) {
+      detail::throw_error(errc::invalid_option,
+                          "decoder option gamma_policy: next_gamma() is 0, must be >= 1");
+    }
+    if (vocab_size_ == 0) {
+      detail::throw_error(errc::invalid_size, "target model: vocab_size() is 0");
+    }
+    if constexpr (draft_is_model) {
+      const auto draft_vocab = static_cast<std::size_t>(draft_->vocab_size());
+      if (draft_vocab != vocab_size_) {
+        detail::throw_error(errc::vocab_mismatch, "draft model has vocab_size() ", draft_vocab,
+                            " but the target model has ", vocab_size_);
+      }
+    }
+    for (const token_id stop : options_.stop_tokens) {
+      if (stop < 0 || static_cast<std::size_t>(stop) >= vocab_size_) {
+        detail::throw_error(errc::invalid_option, "decoder option stop_tokens: token ", stop,
+                            " is outside [0, ", vocab_size_, ")");
+      }
+    }
+    for (std::size_t s = 0; s < options_.stop_sequences.size(); ++s) {
+      const auto& sequence = options_.stop_sequences[s];
+      if (sequence.empty()) {
+        detail::throw_error(errc::invalid_option, "decoder option stop_sequences[", s,
+                            "] is empty");
+      }
+      for (const token_id token : sequence) {
+        if (token < 0 || static_cast<std::size_t>(token) >= vocab_size_) {
+          detail::throw_error(errc::invalid_option, "decoder option stop_sequences[", s,
+                              "]: token ", token, " is outside [0, ", vocab_size_, ")");
+        }
+      }
+    }
+  }
+
+  // Which row copies a step needs: draft rows always for LanguageModel drafts at T > 0;
+  // target rows unless the target is batched and its rows can be used in place.
+  [[nodiscard]] bool needs_draft_rows() const noexcept {
+    return draft_is_model && !options_.sampling.greedy();
+  }
+  [[nodiscard]] bool needs_target_rows() const noexcept {
+    if constexpr (target_is_batched) {
+      using batched_scalar = typename decltype(as_rows(std::declval<TargetModel&>().score_draft(
+          std::span<const token_id>(), std::span<const token_id>())))::value_type;
+      if constexpr (!std::is_same_v<batched_scalar, value_type>) return true;
+      return !(options_.sampling.identity() || options_.sampling.greedy());
+    }
+    return true;
+  }
+
+  void grow_workspace(std::size_t gamma) {
+    if (gamma <= workspace_gamma_ && !step_tokens_.empty()) return;
+    gamma = std::max(gamma, workspace_gamma_);
+    if (needs_draft_rows()) draft_rows_.resize(gamma * vocab_size_);
+    if (needs_target_rows()) target_rows_.resize((gamma + 1) * vocab_size_);
+    step_tokens_.resize(gamma + 1);
+    step_sources_.resize(gamma + 1);
+    statistics_.accepted_histogram.reserve(gamma + 1);
+    sequence_.reserve(sequence_.size() + gamma + 1);
+    workspace_gamma_ = gamma;
+  }
+
+  [[nodiscard]] std::span<value_type> draft_row(std::size_t i) noexcept {
+    return {draft_rows_.data() + i * vocab_size_, vocab_size_};
+  }
+  [[nodiscard]] std::span<value_type> target_row(std::size_t i) noexcept {
+    return {target_rows_.data() + i * vocab_size_, vocab_size_};
+  }
+
+  // --- errors ----------------------------------------------------------------------------
+
+  [[noreturn]] void fail(errc code, const std::string& message) const {
+    throw decoding_error(code, message, step_index_);
+  }
+
+  // Runs a model call; any exception becomes a decoding_error (model_failure) naming the
+  // model, step, row and position, with the original exception nested.
+  template <class Call>
+  decltype(auto) call_model(std::string_view model, std::size_t row, Call&& call) {
+    try {
+      return std::forward<Call>(call)();
+    } catch (const std::exception& e) {
+      std::throw_with_nested(decoding_error(errc::model_failure,
+                                            describe(model, row) + ": the model threw: " + e.what(),
+                                            step_index_));
+    } catch (...) {
+      std::throw_with_nested(decoding_error(
+          errc::model_failure, describe(model, row) + ": the model threw a non-std exception",
+          step_index_));
+    }
+  }
+
+  // "draft row 2 (step 7, sequence position 45)"
+  [[nodiscard]] std::string describe(std::string_view model, std::size_t row) const {
+    std::string text(model);
+    text += " row ";
+    text += std::to_string(row);
+    text += " (step ";
+    text += std::to_string(step_index_);
+    text += ", sequence position ";
+    text += std::to_string(base_length_ + row);
+    text += ')';
+    return text;
+  }
+
+  // Size check (always) and full validation (validate_rows) of one model row.
+  template <class U>
+  void check_row(std::span<const U> row, std::string_view model, std::size_t index) const {
+    if (row.size() != vocab_size_) {
+      fail(errc::invalid_size, describe(model, index) + ": has " + std::to_string(row.size()) +
+                                   " entries, expected the vocabulary size " +
+                                   std::to_string(vocab_size_));
+    }
+    if (!options_.validate_rows) return;
+    try {
+      validate_probability_row(row, vocab_size_, RowLocation{model, step_index_, index});
+    } catch (const error& e) {
+      fail(e.code(), detail::bare_message(e) + " (sequence position " +
+                         std::to_string(base_length_ + index) + ")");
+    }
+  }
+
+  // --- the step --------------------------------------------------------------------------
+
+  template <class G>
+  StepResult run_step(G& g, std::size_t max_tokens, std::size_t stop_floor) {
+    base_length_ = sequence_.size();
+    const bool timed = options_.gamma_policy.needs_timing();
+    const std::size_t gamma = options_.gamma_policy.next_gamma();
+    grow_workspace(gamma);
+    StepResult result;
+    try {
+      const clock::time_point draft_start = timed ? clock::now() : clock::time_point{};
+      result.drafted = draft_tokens(gamma, g, result);
+      const clock::time_point target_start = timed ? clock::now() : clock::time_point{};
+      score_and_verify(g, result);
+      const clock::time_point target_end = timed ? clock::now() : clock::time_point{};
+      emit(result, max_tokens, stop_floor);
+      statistics_.record(result);
+      StepFeedback feedback;
+      feedback.drafted = result.drafted;
+      feedback.accepted = result.accepted;
+      if (timed) {
+        feedback.draft_seconds = std::chrono::duration<double>(target_start - draft_start).count();
+        feedback.target_seconds = std::chrono::duration<double>(target_end - target_start).count();
+      }
+      options_.gamma_policy.observe(feedback);
+    } catch (...) {
+      sequence_.resize(base_length_);
+      throw;
+    }
+    const std::size_t step = step_index_++;
+    if (options_.on_token) {
+      for (std::size_t k = 0; k < result.tokens.size(); ++k) {
+        options_.on_token(
+            EmittedToken{result.tokens[k], result.sources[k], step, base_length_ + k});
+      }
+    }
+    return result;
+  }
+
+  [[nodiscard]] bool is_stop_token(token_id token) const noexcept {
+    return stop_lookup_[static_cast<std::size_t>(token)] != 0;
+  }
+
+  // Drafts up to `gamma` tokens into sequence_ (after the context); returns how many.
+  template <class G>
+  std::size_t draft_tokens(std::size_t gamma, G& g, StepResult& result) {
+    if (gamma == 0) return 0;
+    if constexpr (draft_is_model) {
+      for (std::size_t i = 0; i < gamma; ++i) {
+        const std::span<const token_id> prefix(sequence_);
+        auto&& returned = call_model("draft", i, [&]() -> decltype(auto) {
+          return draft_->next_token_probabilities(prefix);
+        });
+        const auto row = as_span(returned);
+        ++result.draft_calls;
+        check_row(row, "draft", i);
+        token_id drafted = 0;
+        double top_probability = 0.0;
+        if (options_.sampling.greedy()) {
+          drafted = argmax(row);
+          top_probability = static_cast<double>(row[static_cast<std::size_t>(drafted)]);
+        } else {
+          const std::span<value_type> q = draft_row(i);
+          top_probability = standardizer_.apply(row, q);
+          drafted = sample_from_row(std::span<const value_type>(q), g);
+        }
+        sequence_.push_back(drafted);
+        if (is_stop_token(drafted)) return i + 1;
+        if (i + 1 < gamma && !options_.gamma_policy.continue_drafting(top_probability, i + 1)) {
+          return i + 1;
+        }
+      }
+      return gamma;
+    } else {
+      sequence_.resize(base_length_ + gamma);
+      const std::span<const token_id> context(sequence_.data(), base_length_);
+      const std::span<token_id> out(sequence_.data() + base_length_, gamma);
+      const std::size_t proposed = static_cast<std::size_t>(
+          call_model("draft", 0, [&]() -> std::size_t { return draft_->propose(context, out); }));
+      result.draft_calls = 1;
+      if (proposed > gamma) {
+        fail(errc::invalid_size, describe("draft", 0) + ": the drafter proposed " +
+                                     std::to_string(proposed) + " tokens, more than the " +
+                                     std::to_string(gamma) + " asked for");
+      }
+      std::size_t kept = proposed;
+      for (std::size_t i = 0; i < proposed; ++i) {
+        const token_id token = out[i];
+        if (token < 0 || static_cast<std::size_t>(token) >= vocab_size_) {
+          fail(errc::invalid_token, describe("draft", i) + ": proposed token " +
+                                        std::to_string(token) + " is outside [0, " +
+                                        std::to_string(vocab_size_) + ")");
+        }
+        if (is_stop_token(token) ||
+            (i + 1 < proposed && !options_.gamma_policy.continue_drafting(1.0, i + 1))) {
+          kept = i + 1;
+          break;
+        }
+      }
+      sequence_.resize(base_length_ + kept);
+      return kept;
+    }
+  }
+
+  // Scores the drafted prefixes with the target and verifies (result.accepted, the token t
+  // in step_tokens_[drafted], sources), collecting beta.
+  template <class G>
+  void score_and_verify(G& g, StepResult& result) {
+    const std::size_t drafted = result.drafted;
+    const std::span<const token_id> context(sequence_.data(), base_length_);
+    const std::span<const token_id> drafts(sequence_.data() + base_length_, drafted);
+    if constexpr (target_is_batched) {
+      auto&& scored = call_model(
+          "target", 0, [&]() -> decltype(auto) { return target_->score_draft(context, drafts); });
+      result.target_calls = 1;
+      const auto rows = as_rows(scored);
+      using scored_scalar = typename std::remove_cvref_t<decltype(rows)>::value_type;
+      if (rows.rows() != drafted + 1 || rows.cols() != vocab_size_) {
+        fail(errc::invalid_size,
+             "target rows (step " + std::to_string(step_index_) + "): score_draft returned " +
+                 std::to_string(rows.rows()) + " x " + std::to_string(rows.cols()) + ", expected " +
+                 std::to_string(drafted + 1) + " x " + std::to_string(vocab_size_));
+      }
+      for (std::size_t i = 0; i <= drafted; ++i) {
+        check_row(std::span<const scored_scalar>(rows.row(i)), "target", i);
+      }
+      if constexpr (std::is_same_v<scored_scalar, value_type>) {
+        if (!needs_target_rows()) {
+          verify(g, result, rows);
+          return;
+        }
+      }
+      for (std::size_t i = 0; i <= drafted; ++i) {
+        load_target_row(std::span<const scored_scalar>(rows.row(i)), i);
+      }
+    } else {
+      for (std::size_t i = 0; i <= drafted; ++i) {
+        const std::span<const token_id> prefix(sequence_.data(), base_length_ + i);
+        auto&& returned = call_model("target", i, [&]() -> decltype(auto) {
+          return target_->next_token_probabilities(prefix);
+        });
+        ++result.target_calls;
+        const auto row = as_span(returned);
+        check_row(row, "target", i);
+        load_target_row(row, i);
+      }
+    }
+    verify(g, result, RowsView<const value_type>(target_rows_.data(), drafted + 1, vocab_size_));
+  }
+
+  // Copies (greedy, identity) or standardizes a target row into the workspace.
+  template <class U>
+  void load_target_row(std::span<const U> row, std::size_t i) {
+    const std::span<value_type> destination = target_row(i);
+    if (options_.sampling.greedy() || options_.sampling.identity()) {
+      std::transform(row.begin(), row.end(), destination.begin(),
+                     [](U value) { return static_cast<value_type>(value); });
+    } else {
+      standardizer_.apply(row, destination);
+    }
+  }
+
+  template <class G>
+  void verify(G& g, StepResult& result, RowsView<const value_type> target_rows) {
+    const std::size_t drafted = result.drafted;
+    const std::span<const token_id> drafts(sequence_.data() + base_length_, drafted);
+    const SpeculativeSamplingOptions verification{options_.lenience};
+    VerificationResult verdict;
+    if (options_.sampling.greedy()) {
+      verdict = verify_greedy(drafts, target_rows);
+    } else if constexpr (draft_is_model) {
+      verdict = verify_speculative(
+          drafts, RowsView<const value_type>(draft_rows_.data(), drafted, vocab_size_), target_rows,
+          g, verification);
+    } else {
+      verdict = verify_speculative_proposals(drafts, target_rows, g, verification);
+    }
+    result.accepted = verdict.accepted;
+    result.residual_fallback = verdict.residual_fallback;
+    step_tokens_[verdict.accepted] = verdict.token;
+    step_sources_[verdict.accepted] = verdict.source;
+    if (options_.collect_beta) collect_beta(result, target_rows);
+  }
+
+  void collect_beta(StepResult& result, RowsView<const value_type> target_rows) const noexcept {
+    const std::size_t positions = std::min(result.accepted + 1, result.drafted);
+    result.beta_positions = positions;
+    if (options_.sampling.greedy()) {
+      result.beta_sum = static_cast<double>(result.accepted);
+      return;
+    }
+    for (std::size_t i = 0; i < positions; ++i) {
+      if constexpr (draft_is_model) {
+        result.beta_sum += detail::overlap_mass(target_rows.row(i).data(),
+                                                draft_rows_.data() + i * vocab_size_, vocab_size_);
+      } else {
+        const auto x = static_cast<std::size_t>(sequence_[base_length_ + i]);
+        result.beta_sum += static_cast<double>(target_rows(i, x));
+      }
+    }
+  }
+
+  // Emits x_1..x_n, t into sequence_ (replacing the drafts) and step_tokens_, cut after a
+  // stop condition; sets result.tokens, result.sources and result.stop.
+  void emit(StepResult& result, std::size_t max_tokens, std::size_t stop_floor) {
+    const std::size_t count = result.accepted + 1;
+    for (std::size_t k = 0; k < result.accepted; ++k) {
+      step_tokens_[k] = sequence_[base_length_ + k];
+      step_sources_[k] = token_source::draft;
+    }
+    sequence_.resize(base_length_);
+    std::size_t emitted = 0;
+    while (emitted < count) {
+      const token_id token = step_tokens_[emitted];
+      sequence_.push_back(token);
+      ++emitted;
+      if (is_stop_token(token)) {
+        result.stop = stop_reason::stop_token;
+        break;
+      }
+      if (ends_with_stop_sequence(stop_floor)) {
+        result.stop = stop_reason::stop_sequence;
+        break;
+      }
+      if (emitted == max_tokens) {
+        result.stop = stop_reason::max_new_tokens;
+        break;
+      }
+    }
+    result.tokens = std::span<const token_id>(step_tokens_.data(), emitted);
+    result.sources = std::span<const token_source>(step_sources_.data(), emitted);
+  }
+
+  [[nodiscard]] bool ends_with_stop_sequence(std::size_t floor) const noexcept {
+    const std::size_t available = sequence_.size() - floor;
+    for (const auto& stop : options_.stop_sequences) {
+      if (stop.size() <= available &&
+          std::equal(stop.begin(), stop.end(),
+                     sequence_.end() - static_cast<std::ptrdiff_t>(stop.size()))) {
+        return true;
+      }
+    }
+    return false;
+  }
+
+  TargetModel* target_;
+  DraftModel* draft_;
+  DecoderOptions options_;
+  std::size_t vocab_size_;
+  Standardizer<value_type> standardizer_;
+  std::vector<std::uint8_t> stop_lookup_;
+  std::vector<value_type> draft_rows_;   // q_1..q_gamma, standardized and normalized
+  std::vector<value_type> target_rows_;  // p_1..p_{gamma+1} when not used in place
+  std::vector<token_id> sequence_;       // context, then drafts / emitted tokens
+  std::vector<token_id> step_tokens_;
+  std::vector<token_source> step_sources_;
+  std::size_t workspace_gamma_ = 0;
+  std::size_t prompt_length_ = 0;
+  std::size_t base_length_ = 0;  // context length at the start of the current step
+  std::size_t step_index_ = 0;
+  DecoderStatistics statistics_;
+};
+
+}  // namespace specdec

@@ -1,0 +1,190 @@
+// Toy models shared by the speculative_decoder_*_test.cpp files: Markov chains of order 1
+// and 2 (target and draft), a batched twin that scores all prefixes in one call, and
+// deterministic proposal drafters.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "specdec/concepts.hpp"
+#include "specdec/random.hpp"
+#include "specdec/rows.hpp"
+
+namespace specdec::testing {
+
+/// An order-k Markov chain over V tokens: the next-token row depends on the last k tokens
+/// of the context (missing tokens before the start count as token 0). Rows live in one table
+/// and are returned as spans (valid as long as the model).
+template <class T>
+class MarkovModel {
+ public:
+  MarkovModel(std::size_t vocab, std::size_t order, std::vector<T> table)
+      : vocab_(vocab), order_(order), table_(std::move(table)) {}
+
+  /// Rows proportional to exp(sharpness * N(0,1)) with each entry zero with probability
+  /// `zero_fraction` (at least one non-zero entry per row).
+  static MarkovModel random(std::size_t vocab, std::size_t order, std::uint64_t seed,
+                            double sharpness = 2.0, double zero_fraction = 0.0) {
+    xoshiro256pp g(seed);
+    const std::size_t states = power(vocab, order);
+    std::vector<T> table(states * vocab);
+    for (std::size_t s = 0; s < states; ++s) {
+      std::vector<double> row(vocab);
+      for (auto& x : row) {
+        const double u1 = uniform01<double>(g);
+        const double u2 = uniform01<double>(g);
+        const double normal =
+            std::sqrt(-2.0 * std::log(1.0 - u1)) * std::cos(6.283185307179586 * u2);
+        x = uniform01<double>(g) < zero_fraction ? 0.0 : std::exp(sharpness * normal);
+      }
+      if (*std::max_element(row.begin(), row.end()) == 0.0) row[uniform_below(g, vocab)] = 1.0;
+      normalize_into(row, std::span<T>(table.data() + s * vocab, vocab));
+    }
+    return {vocab, order, std::move(table)};
+  }
+
+  /// An order-1 chain whose row for token a is weight * (average over states ending in a of
+  /// this chain's rows) + (1 - weight) * other's row for a: a draft that resembles the
+  /// target without matching it. `other` must be order 1.
+  [[nodiscard]] MarkovModel order1_blend(const MarkovModel& other, double weight) const {
+    std::vector<T> table(vocab_ * vocab_);
+    const std::size_t states = power(vocab_, order_);
+    for (std::size_t a = 0; a < vocab_; ++a) {
+      std::vector<double> row(vocab_, 0.0);
+      std::size_t count = 0;
+      for (std::size_t s = 0; s < states; ++s) {
+        if (s % vocab_ != a) continue;  // the last token of state s is s % V
+        ++count;
+        for (std::size_t j = 0; j < vocab_; ++j)
+          row[j] += static_cast<double>(table_[s * vocab_ + j]);
+      }
+      for (std::size_t j = 0; j < vocab_; ++j) {
+        row[j] = weight * row[j] / static_cast<double>(count) +
+                 (1.0 - weight) * static_cast<double>(other.table_[a * vocab_ + j]);
+      }
+      normalize_into(row, std::span<T>(table.data() + a * vocab_, vocab_));
+    }
+    return {vocab_, 1, std::move(table)};
+  }
+
+  [[nodiscard]] std::size_t vocab_size() const { return vocab_; }
+  [[nodiscard]] std::size_t order() const { return order_; }
+
+  std::span<const T> next_token_probabilities(std::span<const token_id> context) {
+    ++calls;
+    return row(state(context));
+  }
+
+  /// The state index of a context: its last `order` tokens in base V (0-padded).
+  [[nodiscard]] std::size_t state(std::span<const token_id> context) const {
+    std::size_t s = 0;
+    for (std::size_t k = order_; k > 0; --k) {
+      const std::size_t back = k;  // k-th token from the end
+      const std::size_t token =
+          context.size() >= back ? static_cast<std::size_t>(context[context.size() - back]) : 0;
+      s = s * vocab_ + token;
+    }
+    return s;
+  }
+  [[nodiscard]] std::size_t states() const { return power(vocab_, order_); }
+  [[nodiscard]] std::span<const T> row(std::size_t state) const {
+    return {table_.data() + state * vocab_, vocab_};
+  }
+  /// The state after appending `token` to a context in state `s`.
+  [[nodiscard]] std::size_t next_state(std::size_t s, std::size_t token) const {
+    if (order_ == 0) return 0;
+    return (s * vocab_ + token) % states();
+  }
+
+  std::size_t calls = 0;
+
+ private:
+  static std::size_t power(std::size_t base, std::size_t exponent) {
+    std::size_t result = 1;
+    for (std::size_t k = 0; k < exponent; ++k) result *= base;
+    return result;
+  }
+  static void normalize_into(const std::vector<double>& row, std::span<T> out) {
+    double total = 0.0;
+    for (const double x : row) total += x;
+    for (std::size_t j = 0; j < row.size(); ++j) out[j] = static_cast<T>(row[j] / total);
+  }
+
+  std::size_t vocab_;
+  std::size_t order_;
+  std::vector<T> table_;
+};
+
+/// MarkovModel plus score_draft: all prefixes of context + draft in one call.
+template <class T>
+class BatchedMarkovModel : public MarkovModel<T> {
+ public:
+  explicit BatchedMarkovModel(MarkovModel<T> model) : MarkovModel<T>(std::move(model)) {}
+
+  RowsView<const T> score_draft(std::span<const token_id> context,
+                                std::span<const token_id> draft) {
+    ++batched_calls;
+    const std::size_t vocab = this->vocab_size();
+    rows_.resize((draft.size() + 1) * vocab);
+    std::size_t s = this->state(context);
+    for (std::size_t i = 0; i <= draft.size(); ++i) {
+      const auto row = this->row(s);
+      std::copy(row.begin(), row.end(), rows_.begin() + static_cast<std::ptrdiff_t>(i * vocab));
+      if (i < draft.size()) s = this->next_state(s, static_cast<std::size_t>(draft[i]));
+    }
+    return {rows_.data(), draft.size() + 1, vocab};
+  }
+
+  std::size_t batched_calls = 0;
+
+ private:
+  std::vector<T> rows_;
+};
+
+/// A proposal-only drafter that proposes the greedy continuation of a Markov table
+/// (deterministic): a good drafter when the table is the target's, a poor one otherwise.
+template <class T>
+class GreedyChainDrafter {
+ public:
+  explicit GreedyChainDrafter(const MarkovModel<T>& model, std::size_t max_proposals = 1000)
+      : model_(&model), max_proposals_(max_proposals) {}
+
+  std::size_t propose(std::span<const token_id> context, std::span<token_id> out) {
+    ++calls;
+    std::size_t s = model_->state(context);
+    const std::size_t count = std::min(out.size(), max_proposals_);
+    for (std::size_t i = 0; i < count; ++i) {
+      const auto row = model_->row(s);
+      const auto best =
+          static_cast<std::size_t>(std::max_element(row.begin(), row.end()) - row.begin());
+      out[i] = static_cast<token_id>(best);
+      s = model_->next_state(s, best);
+    }
+    return count;
+  }
+
+  std::size_t calls = 0;
+
+ private:
+  const MarkovModel<T>* model_;
+  std::size_t max_proposals_;
+};
+
+/// A proposal-only drafter that proposes (last token + 1 + i) mod V: unrelated to any model.
+struct CountingUpDrafter {
+  std::size_t vocab = 4;
+  std::size_t propose(std::span<const token_id> context, std::span<token_id> out) const {
+    const std::size_t last = context.empty() ? 0 : static_cast<std::size_t>(context.back());
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      out[i] = static_cast<token_id>((last + 1 + i) % vocab);
+    }
+    return out.size();
+  }
+};
+
+}  // namespace specdec::testing
