@@ -9,11 +9,18 @@
 //   proposed       mean tokens proposed per call
 //   matched        mean proposed tokens matching the stream (the accepted drafts of a
 //                  greedy target that generated this stream)
+//
+// BM_TokensPerTargetCall runs SpeculativeDecoder with each drafter against a synthetic
+// code model (a static order-5 Witten-Bell model of the training half of the stream, mixed
+// with an in-context copy head like an LLM's induction heads), greedy and at T = 1, and
+// reports tokens per target call (the target scores all prefixes in one call).
+
 #include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -21,7 +28,10 @@
 #include "specdec/drafters/count_models.hpp"
 #include "specdec/drafters/ngram.hpp"
 #include "specdec/drafters/prompt_lookup.hpp"
+#include "specdec/gamma_policy.hpp"
 #include "specdec/random.hpp"
+#include "specdec/rows.hpp"
+#include "specdec/speculative_decoder.hpp"
 
 namespace {
 
@@ -31,7 +41,7 @@ using specdec::token_id;
 // A synthetic code-like token stream
 // ---------------------------------------------------------------------------------------
 
-constexpr std::size_t vocab_size = 1024;
+constexpr std::size_t code_vocab = 1024;
 // Token classes: punctuation and keywords [0, 48), identifiers [48, 816), numbers [816, 1024).
 constexpr token_id first_identifier = 48;
 constexpr std::uint64_t identifier_count = 768;
@@ -273,7 +283,7 @@ std::size_t draft_from_model(Model& model, std::vector<token_id>& sequence,
 void BM_NgramModelDraft(benchmark::State& state) {
   const auto history = static_cast<std::size_t>(state.range(0));
   specdec::NgramDrafter drafter({.max_order = 4, .window = history});
-  auto model = drafter.as_model<float>(vocab_size);
+  auto model = drafter.as_model<float>(code_vocab);
   run_drafting(state, [&](std::vector<token_id>& sequence, std::span<token_id> out) {
     return draft_from_model(model, sequence, out);
   });
@@ -281,10 +291,197 @@ void BM_NgramModelDraft(benchmark::State& state) {
 
 // The bigram model has no history (its cost does not depend on it); run once.
 void BM_BigramDraft(benchmark::State& state) {
-  static specdec::BigramModel<float> bigram(training_part(), vocab_size, 0.1);
+  static specdec::BigramModel<float> bigram(training_part(), code_vocab, 0.1);
   run_drafting(state, [&](std::vector<token_id>& sequence, std::span<token_id> out) {
     return draft_from_model(bigram, sequence, out);
   });
+}
+
+// ---------------------------------------------------------------------------------------
+// Tokens per target call with the decoder
+// ---------------------------------------------------------------------------------------
+
+// The target: q_corpus interpolated Witten-Bell over contexts of 1..4 tokens (counts from the
+// training half) down to add-one unigram, mixed 60/40 with a copy head that puts its mass
+// on the token that followed the most recent earlier occurrence of the last 3 context
+// tokens (when there is one). A deterministic function of the context; scores all drafted
+// prefixes in one call.
+class CodeTarget {
+ public:
+  static constexpr std::size_t max_context = 4;
+  static constexpr std::size_t copy_match = 3;
+  static constexpr double copy_weight = 0.4;
+
+  CodeTarget() {
+    const auto corpus = training_part();
+    for (std::size_t position = 1; position < corpus.size(); ++position) {
+      std::uint64_t hash = 0;
+      for (std::size_t m = 1; m <= max_context && m <= position; ++m) {
+        hash = extend(hash, corpus[position - m], m);
+        auto& successors = tables_[hash];
+        const auto it = std::find_if(successors.begin(), successors.end(),
+                                     [&](const auto& s) { return s.first == corpus[position]; });
+        if (it == successors.end()) {
+          successors.emplace_back(corpus[position], 1);
+        } else {
+          ++it->second;
+        }
+      }
+    }
+    unigram_.assign(code_vocab, 1.0);
+    for (const token_id t : corpus) unigram_[static_cast<std::size_t>(t)] += 1.0;
+    const double total = static_cast<double>(corpus.size() + code_vocab);
+    for (auto& value : unigram_) value /= total;
+    work_.resize(code_vocab);
+  }
+
+  [[nodiscard]] std::size_t vocab_size() const { return code_vocab; }
+
+  std::span<const float> next_token_probabilities(std::span<const token_id> context) {
+    rows_.resize(code_vocab);
+    fill_row(context, std::span<float>(rows_));
+    return rows_;
+  }
+
+  specdec::RowsView<const float> score_draft(std::span<const token_id> context,
+                                             std::span<const token_id> draft) {
+    scratch_.assign(context.begin(), context.end());
+    scratch_.insert(scratch_.end(), draft.begin(), draft.end());
+    rows_.resize((draft.size() + 1) * code_vocab);
+    for (std::size_t i = 0; i <= draft.size(); ++i)
+      fill_row(std::span<const token_id>(scratch_).first(context.size() + i),
+               std::span<float>(rows_).subspan(i * code_vocab, code_vocab));
+    return {rows_.data(), draft.size() + 1, code_vocab};
+  }
+
+ private:
+  static std::uint64_t extend(std::uint64_t hash, token_id token, std::size_t length) {
+    return specdec::detail::mix64(hash * 31 + static_cast<std::uint64_t>(token) + length);
+  }
+
+  void fill_row(std::span<const token_id> context, std::span<float> row) {
+    std::copy(unigram_.begin(), unigram_.end(), work_.begin());
+    std::uint64_t hash = 0;
+    for (std::size_t m = 1; m <= max_context && m <= context.size(); ++m) {
+      hash = extend(hash, context[context.size() - m], m);
+      const auto it = tables_.find(hash);
+      if (it == tables_.end()) break;
+      double total = 0.0;
+      for (const auto& s : it->second) total += static_cast<double>(s.second);
+      const double distinct = static_cast<double>(it->second.size());
+      const double keep = distinct / (total + distinct);
+      for (auto& value : work_) value *= keep;
+      for (const auto& s : it->second)
+        work_[static_cast<std::size_t>(s.first)] +=
+            static_cast<double>(s.second) / (total + distinct);
+    }
+    // Copy head: the most recent earlier occurrence of the last copy_match tokens.
+    const std::size_t n = context.size();
+    bool copied = false;
+    if (n > copy_match) {
+      for (std::size_t end = n - 1; end-- > copy_match - 1 && !copied;) {
+        std::size_t k = 0;
+        while (k < copy_match && context[end - k] == context[n - 1 - k]) ++k;
+        if (k == copy_match) {
+          for (auto& value : work_) value *= 1.0 - copy_weight;
+          work_[static_cast<std::size_t>(context[end + 1])] += copy_weight;
+          copied = true;
+        }
+      }
+    }
+    for (std::size_t x = 0; x < row.size(); ++x) row[x] = static_cast<float>(work_[x]);
+  }
+
+  std::unordered_map<std::uint64_t, std::vector<std::pair<token_id, std::uint32_t>>> tables_;
+  std::vector<double> unigram_;
+  std::vector<double> work_;
+  std::vector<float> rows_;
+  std::vector<token_id> scratch_;
+};
+
+CodeTarget& code_target() {
+  static CodeTarget target;
+  return target;
+}
+
+enum class drafter_kind { ngram_proposals, ngram_model, prompt_lookup, bigram, unigram };
+
+constexpr std::size_t prompt_length = 1024;
+constexpr std::size_t generated_per_iteration = 128;
+
+template <class Draft>
+void run_decoder(benchmark::State& state, Draft& draft) {
+  const double temperature = static_cast<double>(state.range(1));
+  specdec::DecoderOptions options;
+  options.sampling.temperature = temperature;
+  if (state.range(2) == 0) {
+    options.gamma_policy = specdec::FixedGamma(4);
+  } else {
+    options.gamma_policy = specdec::OptimalGammaController({.max_gamma = 12, .measure_cost = true});
+  }
+  specdec::SpeculativeDecoder decoder(code_target(), draft, options);
+  const auto& stream = code_stream();
+  std::size_t emitted = 0;
+  std::size_t target_calls = 0;
+  std::size_t accepted = 0;
+  std::size_t drafted = 0;
+  std::uint64_t iteration = 0;
+  for (auto _ : state) {
+    // A different prompt each iteration, all from the held-out half of the stream.
+    const std::size_t offset =
+        stream.size() / 2 + (iteration * 7919) % (stream.size() / 2 - prompt_length);
+    const std::span<const token_id> prompt(stream.data() + offset, prompt_length);
+    const auto result = decoder.generate(prompt, generated_per_iteration, ++iteration);
+    emitted += result.statistics.emitted_tokens;
+    target_calls += result.statistics.target_calls;
+    accepted += result.statistics.accepted_tokens;
+    drafted += result.statistics.drafted_tokens;
+  }
+  state.counters["tokens_per_target_call"] =
+      static_cast<double>(emitted) / static_cast<double>(std::max<std::size_t>(target_calls, 1));
+  state.counters["acceptance"] =
+      static_cast<double>(accepted) / static_cast<double>(std::max<std::size_t>(drafted, 1));
+  state.counters["drafted_per_call"] =
+      static_cast<double>(drafted) / static_cast<double>(std::max<std::size_t>(target_calls, 1));
+  state.SetItemsProcessed(static_cast<std::int64_t>(emitted));
+}
+
+// Args: drafter kind, temperature (0 = greedy, 1), gamma policy (0 = FixedGamma(4),
+// 1 = OptimalGammaController with measured c, max_gamma 12).
+void BM_TokensPerTargetCall(benchmark::State& state) {
+  switch (static_cast<drafter_kind>(state.range(0))) {
+    case drafter_kind::ngram_proposals: {
+      specdec::NgramDrafter ngram;
+      state.SetLabel("ngram proposals");
+      run_decoder(state, ngram);
+      break;
+    }
+    case drafter_kind::ngram_model: {
+      specdec::NgramDrafter ngram;
+      auto model = ngram.as_model<float>(code_vocab);
+      state.SetLabel("ngram q rows");
+      run_decoder(state, model);
+      break;
+    }
+    case drafter_kind::prompt_lookup: {
+      specdec::PromptLookupDrafter lookup;
+      state.SetLabel("prompt lookup");
+      run_decoder(state, lookup);
+      break;
+    }
+    case drafter_kind::bigram: {
+      static specdec::BigramModel<float> bigram(training_part(), code_vocab, 0.1);
+      state.SetLabel("bigram");
+      run_decoder(state, bigram);
+      break;
+    }
+    case drafter_kind::unigram: {
+      static specdec::UnigramModel<float> unigram(training_part(), code_vocab, 0.1);
+      state.SetLabel("unigram");
+      run_decoder(state, unigram);
+      break;
+    }
+  }
 }
 
 }  // namespace
@@ -293,3 +490,7 @@ BENCHMARK(BM_NgramPropose)->Arg(512)->Arg(8192);
 BENCHMARK(BM_PromptLookupPropose)->Arg(512)->Arg(8192);
 BENCHMARK(BM_NgramModelDraft)->Arg(512)->Arg(8192);
 BENCHMARK(BM_BigramDraft);
+BENCHMARK(BM_TokensPerTargetCall)
+    ->ArgsProduct({{0, 1, 2, 3, 4}, {0, 1}, {0, 1}})
+    ->ArgNames({"drafter", "T", "policy"})
+    ->Unit(benchmark::kMillisecond);
