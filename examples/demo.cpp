@@ -614,6 +614,10 @@ int run_demo(Setup& setup, Draft& draft, Report& report) {
              all_drafted_ratio),
       "- Eq. 1 and Thm 3.8 assume i.i.d. betas; along real text beta varies from position to "
       "position.",
+      "  Greedy: beta is 1 if the draft is the target's argmax, else 0, so both alphas agree.",
+      "- A bigram is a weak draft (the paper's Table 5: alpha = 0.19 for a bigram draft of "
+      "T5-XXL);",
+      "  --draft-order 3 or 4 drafts better and costs more (c grows): Thm 3.8's trade-off.",
       "- Thm 3.8 assumes the target scores gamma + 1 positions for the price of one call. This "
       "n-gram",
       format("  target computes each position separately (a batched call costs %.1f calls of "
