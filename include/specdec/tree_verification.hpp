@@ -108,6 +108,8 @@ TreeVerificationResult verify_tree(const DraftTree<T>& tree, RowsView<const T> t
     residual.start(target, tree.draft_row(node), kind);
     const bool counts_repeats = kind == expansion::with_replacement;
     std::size_t accepted_child = npos;
+    // fallback() is asked before each use of r, never right after a rejection, so that the
+    // last rejection at a node stays pending and is fused into the draw below.
     for (std::size_t child = tree.first_child(node); child != npos;
          child = tree.next_sibling(child)) {
       if (counts_repeats) {
@@ -122,7 +124,6 @@ TreeVerificationResult verify_tree(const DraftTree<T>& tree, RowsView<const T> t
         break;
       }
       residual.reject(candidate);
-      if (residual.fallback()) break;
     }
     if (accepted_child != npos) {
       node = accepted_child;
@@ -135,7 +136,7 @@ TreeVerificationResult verify_tree(const DraftTree<T>& tree, RowsView<const T> t
     }
     result.token = residual.sample(g);
     result.source = token_source::correction;
-    result.residual_fallback = residual.fallback();
+    result.residual_fallback = residual.fallback();  // set by sample() if it had to
     break;
   }
   result.node = node;
