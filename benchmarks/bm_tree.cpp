@@ -31,6 +31,9 @@
 
 #include "specdec/draft_tree.hpp"
 #include "specdec/random.hpp"
+#include "specdec/residual_distribution.hpp"
+#include "specdec/rows.hpp"
+#include "specdec/speculative_sampling.hpp"
 #include "specdec/tree_verification.hpp"
 
 namespace {
@@ -222,6 +225,134 @@ void tree_tokens_per_call(benchmark::State& state, int alpha_percent, TreeShape 
       }
     }
   }
+  return true;
+}();
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Verification cost at a realistic vocabulary: verify_tree on a chain and on a tree vs the
+// core's verify_speculative on the same chain (V = 32000, rows with beta around 0.7).
+// ---------------------------------------------------------------------------------------
+
+namespace {
+
+constexpr std::size_t large_vocab = 32000;
+
+std::vector<double> dirichlet_row(std::size_t size, specdec::xoshiro256pp& g) {
+  std::vector<double> row(size);
+  double total = 0.0;
+  for (double& value : row) {
+    const double u = specdec::uniform01<double>(g);
+    value = -std::log(1.0 - u) * (u < 0.01 ? 200.0 : 1.0);  // a few heavy entries
+    total += value;
+  }
+  for (double& value : row) value /= total;
+  return row;
+}
+
+/// p and q rows for `nodes` + 1 positions; q = 0.7 p + 0.3 noise (beta >= 0.7).
+struct LargeRows {
+  std::vector<float> target;  // (nodes + 1) x V
+  std::vector<std::vector<float>> draft;
+};
+
+LargeRows make_large_rows(std::size_t nodes) {
+  specdec::xoshiro256pp g(99);
+  LargeRows rows;
+  rows.target.reserve((nodes + 1) * large_vocab);
+  for (std::size_t i = 0; i <= nodes; ++i) {
+    const std::vector<double> p = dirichlet_row(large_vocab, g);
+    const std::vector<double> noise = dirichlet_row(large_vocab, g);
+    std::vector<float> q(large_vocab);
+    for (std::size_t j = 0; j < large_vocab; ++j) {
+      rows.target.push_back(static_cast<float>(p[j]));
+      q[j] = static_cast<float>(0.7 * p[j] + 0.3 * noise[j]);
+    }
+    rows.draft.push_back(std::move(q));
+  }
+  return rows;
+}
+
+/// A tree of `shape` over the rows (node i uses target row i and draft row i), children
+/// drawn without replacement from the stored rows.
+specdec::DraftTree<float> make_large_tree(const TreeShape& shape, const LargeRows& rows) {
+  specdec::DraftTree<float> tree(large_vocab);
+  specdec::xoshiro256pp g(5);
+  std::vector<float> remaining;
+  for (std::size_t node = 0; node < tree.size(); ++node) {
+    const std::size_t wanted = shape.child_count(node);
+    if (wanted == 0) continue;
+    tree.expand(node, expansion::without_replacement, rows.draft[node]);
+    remaining.assign(rows.draft[node].begin(), rows.draft[node].end());
+    for (std::size_t k = 0; k < wanted; ++k) {
+      const token_id token = specdec::sample_from_row(std::span<const float>(remaining), g);
+      remaining[static_cast<std::size_t>(token)] = 0.0F;
+      (void)tree.add_child(node, token);
+    }
+  }
+  return tree;
+}
+
+const LargeRows& large_rows() {
+  static const LargeRows rows = make_large_rows(16);
+  return rows;
+}
+
+void verify_tree_cost(benchmark::State& state, TreeShape shape) {
+  const LargeRows& rows = large_rows();
+  static std::map<std::size_t, specdec::DraftTree<float>> trees;
+  auto [entry, inserted] = trees.try_emplace(shape.size(), large_vocab);
+  if (inserted) entry->second = make_large_tree(shape, rows);
+  const specdec::DraftTree<float>& tree = entry->second;
+  const specdec::RowsView<const float> target(rows.target.data(), tree.size(), large_vocab);
+  specdec::TreeVerificationWorkspace<float> workspace;
+  specdec::xoshiro256pp g(3);
+  std::size_t emitted = 0;
+  for (auto _ : state) {
+    const auto result = specdec::verify_tree(tree, target, g, workspace);
+    benchmark::DoNotOptimize(result.token);
+    emitted += result.accepted + 1;
+  }
+  state.counters["tokens_per_verify"] =
+      static_cast<double>(emitted) / static_cast<double>(state.iterations());
+  state.SetItemsProcessed(state.iterations());
+}
+
+void verify_chain_core_cost(benchmark::State& state) {
+  const LargeRows& rows = large_rows();
+  static const specdec::DraftTree<float> chain = make_large_tree(TreeShape::chain(16), rows);
+  std::vector<token_id> tokens;
+  std::vector<float> draft_rows;
+  for (std::size_t node = 1; node < chain.size(); ++node) {
+    tokens.push_back(chain.token(node));
+    const auto q = chain.draft_row(node - 1);
+    draft_rows.insert(draft_rows.end(), q.begin(), q.end());
+  }
+  const specdec::RowsView<const float> target(rows.target.data(), chain.size(), large_vocab);
+  const specdec::RowsView<const float> draft(draft_rows.data(), tokens.size(), large_vocab);
+  specdec::xoshiro256pp g(3);
+  std::size_t emitted = 0;
+  for (auto _ : state) {
+    const auto result =
+        specdec::verify_speculative(std::span<const token_id>(tokens), draft, target, g);
+    benchmark::DoNotOptimize(result.token);
+    emitted += result.accepted + 1;
+  }
+  state.counters["tokens_per_verify"] =
+      static_cast<double>(emitted) / static_cast<double>(state.iterations());
+  state.SetItemsProcessed(state.iterations());
+}
+
+[[maybe_unused]] const bool registered_cost = [] {
+  benchmark::RegisterBenchmark("verify/V32000/chain16/verify_speculative", verify_chain_core_cost);
+  benchmark::RegisterBenchmark("verify/V32000/chain16/verify_tree", verify_tree_cost,
+                               TreeShape::chain(16));
+  benchmark::RegisterBenchmark("verify/V32000/b4x1x1x1/verify_tree", verify_tree_cost,
+                               TreeShape::branching({4, 1, 1, 1}));
+  benchmark::RegisterBenchmark(
+      "verify/V32000/b2x2x1x1+2/verify_tree", verify_tree_cost,
+      TreeShape::from_parents({TreeShape::npos, 0, 0, 1, 1, 2, 2, 3, 4, 5, 6, 7, 8, 9, 10, 3, 4}));
   return true;
 }();
 
