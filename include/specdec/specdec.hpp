@@ -2,6 +2,7 @@
 #pragma once
 
 #include "specdec/analysis.hpp"     // IWYU pragma: export
+#include "specdec/cached_context.hpp"  // IWYU pragma: export
 #include "specdec/concepts.hpp"   // IWYU pragma: export
 #include "specdec/config.hpp"     // IWYU pragma: export
 #include "specdec/draft_tree.hpp"  // IWYU pragma: export
@@ -14,6 +15,8 @@
 #include "specdec/random.hpp"     // IWYU pragma: export
 #include "specdec/residual_distribution.hpp"  // IWYU pragma: export
 #include "specdec/rows.hpp"       // IWYU pragma: export
+#include "specdec/sampling.hpp"   // IWYU pragma: export
+#include "specdec/speculative_decoder.hpp"  // IWYU pragma: export
 #include "specdec/speculative_sampling.hpp"  // IWYU pragma: export
 #include "specdec/tree_verification.hpp"  // IWYU pragma: export
 #include "specdec/validation.hpp"  // IWYU pragma: export
