@@ -34,6 +34,29 @@ using specdec::token_id;
 using specdec::token_source;
 using specdec::VerificationResult;
 
+/// Sanitizer builds (-O1 with AddressSanitizer and UBSan instrumentation, about 10x slower)
+/// run every statistical test on the same pairs and code paths with 1/4 of the samples
+/// (power for a total-variation error of 0.02): they look for memory errors and
+/// undefined behaviour. The optimised builds run the full sizes (power for 0.01).
+#if defined(__SANITIZE_ADDRESS__)
+constexpr std::size_t sanitizer_divisor = 4;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr std::size_t sanitizer_divisor = 4;
+#else
+constexpr std::size_t sanitizer_divisor = 1;
+#endif
+#else
+constexpr std::size_t sanitizer_divisor = 1;
+#endif
+
+/// samples_to_detect(tv, df), divided by sanitizer_divisor in sanitizer builds.
+std::size_t samples_to_detect(double tv, std::size_t degrees_of_freedom) {
+  return specdec::testing::samples_to_detect(
+             tv, static_cast<double>(degrees_of_freedom > 1 ? degrees_of_freedom : 1)) /
+         sanitizer_divisor;
+}
+
 /// A generator replaying given 64-bit outputs, to script the uniforms a step sees.
 struct ScriptedGenerator {
   using result_type = std::uint64_t;
@@ -171,8 +194,11 @@ TEMPLATE_TEST_CASE("Verification is lazy: rows after the first rejection are nev
   // allocated; touching rows 3.. would run off the buffers (AddressSanitizer catches it).
   constexpr std::size_t vocab_size = 300;
   constexpr std::size_t gamma = 8;
-  std::vector<T> p(3 * vocab_size, T(1) / T(vocab_size));
-  std::vector<T> q(3 * vocab_size, T(1) / T(vocab_size));
+  // (The row count is opaque to the optimiser, which would otherwise warn about the bonus
+  // path reading row 8 of a 3-row buffer: a path that the deterministic rejection rules out.)
+  const volatile std::size_t allocated_rows = 3;
+  std::vector<T> p(allocated_rows * vocab_size, T(1) / T(vocab_size));
+  std::vector<T> q(allocated_rows * vocab_size, T(1) / T(vocab_size));
   const std::vector<token_id> draft = {4, 5, 6, 7, 8, 9, 10, 11};
   p[2 * vocab_size + 6] = T(0);
   p[2 * vocab_size + 7] += T(1) / T(vocab_size);
@@ -248,6 +274,77 @@ TEMPLATE_TEST_CASE("Rows come as RowsView, Eigen row-major matrices or mutable v
   const auto bonus = specdec::verify_speculative(none, q.topRows(0), p.topRows(1), a);
   CHECK(bonus.accepted == 0);
   CHECK(bonus.source == token_source::bonus);
+}
+
+namespace {
+
+/// Rows for the golden tests from integer weights (i * 7 + j * 3 + salt) % 11, normalised in
+/// double and rounded to T: exactly reproducible everywhere (no transcendental functions).
+template <class T>
+std::vector<T> golden_rows(std::size_t rows, std::size_t vocab_size, std::size_t salt) {
+  std::vector<T> out(rows * vocab_size);
+  for (std::size_t i = 0; i < rows; ++i) {
+    auto weight = [&](std::size_t j) { return static_cast<double>((i * 7 + j * 3 + salt) % 11); };
+    double sum = 0.0;
+    for (std::size_t j = 0; j < vocab_size; ++j) sum += weight(j);
+    for (std::size_t j = 0; j < vocab_size; ++j) {
+      out[i * vocab_size + j] = static_cast<T>(weight(j) / sum);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("Golden output: fixed seed and inputs give these exact tokens",
+                   "[speculative_sampling][golden]", float, double) {
+  // Identical under GCC/libstdc++ and Clang, optimised and sanitized (checked when these
+  // values were recorded): the uniforms are our own conversion of xoshiro256++ bits and the
+  // kernels never reassociate floating-point sums. Float and double agree here as well.
+  using T = TestType;
+  constexpr std::size_t vocab_size = 10;
+  constexpr std::size_t gamma = 4;
+  const auto p = golden_rows<T>(gamma + 1, vocab_size, 0);
+  const auto q = golden_rows<T>(gamma, vocab_size, 5);
+  const specdec::RowsView<const T> target(p.data(), gamma + 1, vocab_size);
+  const specdec::RowsView<const T> draft(q.data(), gamma, vocab_size);
+  specdec::xoshiro256pp g(2023);
+  const std::vector<token_id> drafts = {1, 4, 7, 2};
+  constexpr auto c = token_source::correction;
+  constexpr auto b = token_source::bonus;
+  auto run = [&](auto&& step, std::size_t count) {
+    std::vector<VerificationResult> results;
+    for (std::size_t s = 0; s < count; ++s) results.push_back(step(s));
+    return results;
+  };
+  const std::vector<VerificationResult> exact = {{0, 2, c}, {2, 5, c}, {0, 3, c}, {2, 5, c},
+                                                 {2, 5, c}, {2, 2, c}, {0, 3, c}, {0, 3, c},
+                                                 {2, 6, c}, {2, 9, c}};
+  CHECK(run([&](std::size_t) { return specdec::verify_speculative(drafts, draft, target, g); },
+            10) == exact);
+  const std::vector<VerificationResult> lenient = {{4, 8, b}, {0, 3, c}, {2, 5, c},
+                                                   {0, 7, c}, {4, 1, b}, {0, 3, c}};
+  CHECK(
+      run([&](std::size_t) { return specdec::verify_speculative(drafts, draft, target, g, {0.5}); },
+          6) == lenient);
+  const std::vector<token_id> likely = {7, 1, 6, 0};
+  const std::vector<VerificationResult> proposals = {{0, 9, c}, {0, 9, c}, {0, 5, c}, {0, 1, c},
+                                                     {0, 2, c}, {0, 9, c}, {3, 7, c}, {1, 8, c},
+                                                     {4, 5, b}, {0, 5, c}, {1, 8, c}, {4, 1, b}};
+  CHECK(run(
+            [&](std::size_t s) {
+              return specdec::verify_speculative_proposals(likely, target, g, {s < 6 ? 1.0 : 0.25});
+            },
+            12) == proposals);
+  // Residual draws over 1000 tokens (several kernel blocks and superblocks).
+  const auto wide_p = golden_rows<T>(1, 1000, 1);
+  const auto wide_q = golden_rows<T>(1, 1000, 4);
+  std::vector<token_id> residual;
+  for (int s = 0; s < 8; ++s) {
+    residual.push_back(
+        specdec::sample_residual(std::span<const T>(wide_p), std::span<const T>(wide_q), g).token);
+  }
+  CHECK(residual == std::vector<token_id>{237, 912, 692, 47, 76, 300, 556, 516});
 }
 
 TEMPLATE_TEST_CASE("verify_speculative_checked rejects every kind of bad input",
@@ -332,4 +429,1009 @@ TEMPLATE_TEST_CASE("verify_speculative_checked rejects every kind of bad input",
                        std::vector<token_id>{}, p.view().subrows(0, 1), g, {-1.0});
                  }),
                  "domain"));
+}
+
+// ---------------------------------------------------------------------------------------
+// Analytic exactness: exact enumeration of one step
+// ---------------------------------------------------------------------------------------
+
+namespace {
+
+/// A Markov chain over V tokens: rows[previous][next] (each row normalised, in double).
+/// Target and draft models of the tests are such chains, so that every position of a step
+/// has its own p_i and q_i (context dependent).
+struct Chain {
+  std::vector<std::vector<double>> rows;
+  [[nodiscard]] std::size_t vocab_size() const { return rows.size(); }
+  [[nodiscard]] const std::vector<double>& next(token_id previous) const {
+    return rows[static_cast<std::size_t>(previous)];
+  }
+};
+
+std::vector<double> normalised(std::vector<double> row) {
+  const double sum = std::accumulate(row.begin(), row.end(), 0.0);
+  for (auto& value : row) value /= sum;
+  return row;
+}
+
+/// Random weights u^3 + 1e-3 (a spread of large and small entries).
+std::vector<double> random_weights(std::size_t size, specdec::xoshiro256pp& g) {
+  std::vector<double> row(size);
+  for (auto& value : row) {
+    const double u = specdec::uniform01<double>(g);
+    value = u * u * u + 1e-3;
+  }
+  return normalised(row);
+}
+
+std::vector<double> one_hot(std::size_t size, std::size_t token) {
+  std::vector<double> row(size, 0.0);
+  row[token] = 1.0;
+  return row;
+}
+
+/// The pairs of chains (target p, draft q) of the exactness tests.
+enum class ChainKind {
+  random,          // unrelated random rows
+  identical,       // q = p
+  disjoint,        // q and p have disjoint supports in every context
+  draft_zeros,     // q(x) = 0 for some x with p(x) > 0
+  target_zeros,    // p(x) = 0 for some x with q(x) > 0
+  one_hot_target,  // p one-hot (a deterministic target)
+  one_hot_draft,   // q one-hot
+  near_one_hot,    // p almost one-hot, q random
+};
+
+constexpr ChainKind all_chain_kinds[] = {ChainKind::random,        ChainKind::identical,
+                                         ChainKind::disjoint,      ChainKind::draft_zeros,
+                                         ChainKind::target_zeros,  ChainKind::one_hot_target,
+                                         ChainKind::one_hot_draft, ChainKind::near_one_hot};
+
+const char* name_of(ChainKind kind) {
+  switch (kind) {
+    case ChainKind::random:
+      return "random";
+    case ChainKind::identical:
+      return "p = q";
+    case ChainKind::disjoint:
+      return "disjoint supports";
+    case ChainKind::draft_zeros:
+      return "q(x) = 0 < p(x)";
+    case ChainKind::target_zeros:
+      return "p(x) = 0 < q(x)";
+    case ChainKind::one_hot_target:
+      return "one-hot p";
+    case ChainKind::one_hot_draft:
+      return "one-hot q";
+    case ChainKind::near_one_hot:
+      return "near one-hot p";
+  }
+  return "?";
+}
+
+struct ChainPair {
+  Chain target;
+  Chain draft;
+};
+
+ChainPair make_chains(ChainKind kind, std::size_t size, specdec::xoshiro256pp& g) {
+  ChainPair pair;
+  for (std::size_t previous = 0; previous < size; ++previous) {
+    std::vector<double> p = random_weights(size, g);
+    std::vector<double> q = random_weights(size, g);
+    const std::size_t pick = specdec::uniform_below(g, size);
+    switch (kind) {
+      case ChainKind::random:
+        break;
+      case ChainKind::identical:
+        q = p;
+        break;
+      case ChainKind::disjoint: {
+        // Token j goes to p if its bit for this context says so; both sides non-empty.
+        const std::size_t split = 1 + specdec::uniform_below(g, size - 1);
+        for (std::size_t j = 0; j < size; ++j) ((j + pick) % size < split ? q : p)[j] = 0.0;
+        break;
+      }
+      case ChainKind::draft_zeros:
+        for (std::size_t j = 0; j < size; j += 2) q[(j + pick) % size] = 0.0;
+        break;
+      case ChainKind::target_zeros:
+        for (std::size_t j = 0; j < size; j += 2) p[(j + pick) % size] = 0.0;
+        break;
+      case ChainKind::one_hot_target:
+        p = one_hot(size, pick);
+        break;
+      case ChainKind::one_hot_draft:
+        q = one_hot(size, pick);
+        break;
+      case ChainKind::near_one_hot:
+        for (auto& value : p) value *= 1e-4;
+        p[pick] = 1.0;
+        break;
+    }
+    pair.target.rows.push_back(normalised(p));
+    pair.draft.rows.push_back(normalised(q));
+  }
+  return pair;
+}
+
+/// Broken variants of the step (test-only), for the power of both the enumeration and the
+/// statistical tests.
+enum class Variant {
+  exact,
+  unclamped_residual,  // the residual walk over the signed differences p - q
+  residual_is_p,       // on rejection sample from p
+  residual_is_q,       // on rejection sample from q
+  off_by_one,          // on rejection the rejected draft is emitted too
+};
+
+const char* name_of(Variant variant) {
+  switch (variant) {
+    case Variant::exact:
+      return "exact";
+    case Variant::unclamped_residual:
+      return "residual without the clamp";
+    case Variant::residual_is_p:
+      return "residual = p";
+    case Variant::residual_is_q:
+      return "residual = q";
+    case Variant::off_by_one:
+      return "off-by-one n";
+  }
+  return "?";
+}
+
+/// The law of the token chosen by walking the *signed* differences p - q against
+/// u * sum(max(0, p - q)) (the unclamped-residual bug): token j is chosen for the targets
+/// in [max(0, max_{k<j} c_k), c_j), c the running sums; past the end, the last token.
+std::vector<double> unclamped_walk_law(const std::vector<double>& p, const std::vector<double>& q) {
+  double mass = 0.0;
+  for (std::size_t j = 0; j < p.size(); ++j) mass += std::max(0.0, p[j] - q[j]);
+  std::vector<double> law(p.size(), 0.0);
+  double running = 0.0;
+  double highest = 0.0;  // max(0, running sums so far)
+  for (std::size_t j = 0; j < p.size(); ++j) {
+    running += p[j] - q[j];
+    const double top = std::min(running, mass);
+    if (top > highest) {
+      law[j] += (top - highest) / mass;
+      highest = top;
+    }
+  }
+  law.back() += (mass - highest) / mass;
+  return law;
+}
+
+/// Acceptance probability of draft x: min(1, p / (l q)), with q = 0 < p accepted and
+/// p = 0 rejected (the library's conventions, see speculative_sampling.hpp).
+double acceptance_probability(double p, double q, double lenience) {
+  if (p <= 0.0) return 0.0;
+  if (q <= 0.0) return 1.0;
+  return std::min(1.0, p / (lenience * q));
+}
+
+/// The law of t after a rejection at a position with rows p and q (q one-hot on the
+/// drafted token for proposal-only drafts).
+std::vector<double> rejection_law(Variant variant, const std::vector<double>& p,
+                                  const std::vector<double>& q, double lenience) {
+  switch (variant) {
+    case Variant::residual_is_p:
+      return p;
+    case Variant::residual_is_q:
+      return q;
+    case Variant::unclamped_residual:
+      return unclamped_walk_law(p, q);
+    case Variant::exact:
+    case Variant::off_by_one:
+      break;
+  }
+  std::vector<double> residual(p.size());
+  double mass = 0.0;
+  for (std::size_t j = 0; j < p.size(); ++j) {
+    residual[j] = std::max(0.0, p[j] - lenience * q[j]);
+    mass += residual[j];
+  }
+  if (mass == 0.0) return p;  // the documented fallback
+  for (auto& value : residual) value /= mass;
+  return residual;
+}
+
+/// Probability of every emitted sequence (x_1..x_n, t) of one step.
+using Law = std::map<std::vector<token_id>, double>;
+
+/// What one step looks like.
+struct StepModel {
+  const Chain* target = nullptr;
+  const Chain* draft = nullptr;    ///< q in the ratio; nullptr: proposal-only (one-hot q)
+  const Chain* sampler = nullptr;  ///< the law the drafts are really drawn from
+  double lenience = 1.0;
+  Variant variant = Variant::exact;
+};
+
+/// Exact enumeration of one step, mirroring the algorithm's branches: every draft x_{i+1}
+/// (probability sampler(x)), acceptance with probability min(1, p/(l q)), otherwise the
+/// rejection law at that position; after gamma acceptances the bonus from p_{gamma+1}.
+void enumerate_step(const StepModel& model, token_id previous, std::size_t position,
+                    std::size_t gamma, std::vector<token_id>& emitted, double probability,
+                    Law& law) {
+  const auto& p = model.target->next(previous);
+  const std::size_t size = p.size();
+  if (position == gamma) {
+    for (std::size_t t = 0; t < size; ++t) {
+      if (p[t] == 0.0) continue;
+      emitted.push_back(static_cast<token_id>(t));
+      law[emitted] += probability * p[t];
+      emitted.pop_back();
+    }
+    return;
+  }
+  const auto& sampler = model.sampler->next(previous);
+  for (std::size_t x = 0; x < size; ++x) {
+    if (sampler[x] == 0.0) continue;
+    const std::vector<double> q =
+        model.draft != nullptr ? model.draft->next(previous) : one_hot(size, x);
+    const double accept = acceptance_probability(p[x], q[x], model.lenience);
+    const double drafted = probability * sampler[x];
+    if (accept > 0.0) {
+      emitted.push_back(static_cast<token_id>(x));
+      enumerate_step(model, static_cast<token_id>(x), position + 1, gamma, emitted,
+                     drafted * accept, law);
+      emitted.pop_back();
+    }
+    if (accept < 1.0) {
+      const auto residual = rejection_law(model.variant, p, q, model.lenience);
+      if (model.variant == Variant::off_by_one) emitted.push_back(static_cast<token_id>(x));
+      for (std::size_t t = 0; t < size; ++t) {
+        if (residual[t] == 0.0) continue;
+        emitted.push_back(static_cast<token_id>(t));
+        law[emitted] += drafted * (1.0 - accept) * residual[t];
+        emitted.pop_back();
+      }
+      if (model.variant == Variant::off_by_one) emitted.pop_back();
+    }
+  }
+}
+
+Law step_law(const StepModel& model, token_id context, std::size_t gamma) {
+  Law law;
+  std::vector<token_id> emitted;
+  enumerate_step(model, context, 0, gamma, emitted, 1.0, law);
+  return law;
+}
+
+/// Extends every sequence to `length` tokens by plain sampling from the target.
+Law extend(const Law& law, const Chain& target, token_id context, std::size_t length) {
+  Law extended;
+  std::function<void(std::vector<token_id>&, double)> grow = [&](std::vector<token_id>& sequence,
+                                                                 double probability) {
+    if (sequence.size() >= length) {
+      extended[sequence] += probability;
+      return;
+    }
+    const auto& p = target.next(sequence.empty() ? context : sequence.back());
+    for (std::size_t t = 0; t < p.size(); ++t) {
+      if (p[t] == 0.0) continue;
+      sequence.push_back(static_cast<token_id>(t));
+      grow(sequence, probability * p[t]);
+      sequence.pop_back();
+    }
+  };
+  for (const auto& [sequence, probability] : law) {
+    std::vector<token_id> copy = sequence;
+    grow(copy, probability);
+  }
+  return extended;
+}
+
+double max_difference(const Law& a, const Law& b) {
+  double worst = 0.0;
+  for (const auto& [sequence, probability] : a) {
+    const auto other = b.find(sequence);
+    worst = std::max(worst, std::abs(probability - (other == b.end() ? 0.0 : other->second)));
+  }
+  for (const auto& [sequence, probability] : b) {
+    if (a.find(sequence) == a.end()) worst = std::max(worst, probability);
+  }
+  return worst;
+}
+
+double total_probability(const Law& law) {
+  double sum = 0.0;
+  for (const auto& entry : law) sum += entry.second;
+  return sum;
+}
+
+/// The law of gamma+1 tokens sampled autoregressively from the target.
+Law target_law(const Chain& target, token_id context, std::size_t length) {
+  return extend(Law{{{}, 1.0}}, target, context, length);
+}
+
+}  // namespace
+
+TEST_CASE("Enumeration: gamma+1 tokens follow the target law to 1e-12",
+          "[speculative_sampling][exactness]") {
+  specdec::xoshiro256pp g(31337);
+  std::size_t cases = 0;
+  for (const std::size_t size : {2UL, 3UL, 5UL, 8UL}) {
+    for (const ChainKind kind : all_chain_kinds) {
+      const ChainPair chains = make_chains(kind, size, g);
+      for (const std::size_t gamma : {1UL, 2UL, 3UL}) {
+        const auto context = static_cast<token_id>(specdec::uniform_below(g, size));
+        const Law expected = target_law(chains.target, context, gamma + 1);
+        // Drafts drawn from q and verified against q (Algorithm 1)...
+        const StepModel exact{&chains.target, &chains.draft, &chains.draft};
+        const Law law = step_law(exact, context, gamma);
+        INFO("V = " << size << ", gamma = " << gamma << ", " << name_of(kind));
+        CHECK(std::abs(total_probability(law) - 1.0) < 1e-12);
+        CHECK(max_difference(extend(law, chains.target, context, gamma + 1), expected) < 1e-12);
+        // ...and proposals from q verified as one-hot drafts: exact as well.
+        const StepModel proposals{&chains.target, nullptr, &chains.draft};
+        CHECK(max_difference(
+                  extend(step_law(proposals, context, gamma), chains.target, context, gamma + 1),
+                  expected) < 1e-12);
+        ++cases;
+      }
+    }
+  }
+  CHECK(cases == 4 * 8 * 3);
+}
+
+TEST_CASE("Enumeration: the first emitted token follows p_1 for every kind of pair",
+          "[speculative_sampling][exactness]") {
+  // gamma = 1 marginal: P(first token = y) = p_1(y), checked separately to make the
+  // single-position statement explicit.
+  specdec::xoshiro256pp g(4242);
+  for (const std::size_t size : {2UL, 3UL, 5UL, 8UL}) {
+    for (const ChainKind kind : all_chain_kinds) {
+      const ChainPair chains = make_chains(kind, size, g);
+      const StepModel exact{&chains.target, &chains.draft, &chains.draft};
+      std::vector<double> first(size, 0.0);
+      for (const auto& [sequence, probability] : step_law(exact, 0, 1)) {
+        first[static_cast<std::size_t>(sequence.front())] += probability;
+      }
+      INFO("V = " << size << ", " << name_of(kind));
+      for (std::size_t y = 0; y < size; ++y)
+        CHECK(std::abs(first[y] - chains.target.next(0)[y]) < 1e-14);
+    }
+  }
+}
+
+TEST_CASE("Enumeration catches every broken variant", "[speculative_sampling][exactness]") {
+  // Each variant's law of gamma+1 tokens, maximised over the starting context, differs from
+  // the target's by more than 1e-3. One honest exception: for V = 2 the unclamped walk is
+  // equivalent to the clamped one (the single positive difference is either first, or last
+  // and reached through the overrun rule), which the enumeration confirms.
+  specdec::xoshiro256pp g(777);
+  for (const std::size_t size : {2UL, 3UL, 5UL, 8UL}) {
+    const ChainPair chains = make_chains(ChainKind::random, size, g);
+    const ChainPair other = make_chains(ChainKind::random, size, g);
+    for (const std::size_t gamma : {1UL, 2UL, 3UL}) {
+      auto worst_difference = [&](const StepModel& model) {
+        double worst = 0.0;
+        for (token_id context = 0; context < static_cast<token_id>(size); ++context) {
+          const Law law =
+              extend(step_law(model, context, gamma), chains.target, context, gamma + 1);
+          worst =
+              std::max(worst, max_difference(law, target_law(chains.target, context, gamma + 1)));
+        }
+        return worst;
+      };
+      INFO("V = " << size << ", gamma = " << gamma);
+      CHECK(worst_difference({&chains.target, &chains.draft, &chains.draft}) < 1e-12);
+      for (const Variant variant : {Variant::unclamped_residual, Variant::residual_is_p,
+                                    Variant::residual_is_q, Variant::off_by_one}) {
+        INFO(name_of(variant));
+        const double difference =
+            worst_difference({&chains.target, &chains.draft, &chains.draft, 1.0, variant});
+        if (variant == Variant::unclamped_residual && size == 2) {
+          CHECK(difference < 1e-12);
+        } else {
+          CHECK(difference > 1e-3);
+        }
+      }
+      // Drafts drawn from another q than the one in the ratio.
+      CHECK(worst_difference({&chains.target, &chains.draft, &other.draft}) > 1e-3);
+    }
+  }
+}
+
+TEST_CASE("Enumeration: lenience changes the law, but never beyond p(x) / l",
+          "[speculative_sampling][exactness]") {
+  // App. A.5: accepted with probability min(1, p / (l q)), residual norm(max(0, p - l q)).
+  // Exact only for l = 1; for l < 1 every token keeps probability <= p(x) / l, and the
+  // acceptance rate is sum_x min(p(x) / l, q(x)).
+  specdec::xoshiro256pp g(55);
+  for (const std::size_t size : {2UL, 3UL, 5UL, 8UL}) {
+    for (const ChainKind kind : all_chain_kinds) {
+      const ChainPair chains = make_chains(kind, size, g);
+      for (const double lenience : {0.9, 0.5, 0.1}) {
+        const StepModel lenient{&chains.target, &chains.draft, &chains.draft, lenience};
+        const Law law = step_law(lenient, 0, 1);
+        std::vector<double> first(size, 0.0);
+        double accepted = 0.0;
+        for (const auto& [sequence, probability] : law) {
+          first[static_cast<std::size_t>(sequence.front())] += probability;
+          if (sequence.size() == 2) accepted += probability;
+        }
+        const auto& p = chains.target.next(0);
+        const auto& q = chains.draft.next(0);
+        double alpha = 0.0;
+        for (std::size_t x = 0; x < size; ++x) alpha += std::min(p[x] / lenience, q[x]);
+        INFO("V = " << size << ", " << name_of(kind) << ", l = " << lenience);
+        CHECK(std::abs(accepted - alpha) < 1e-12);
+        for (std::size_t y = 0; y < size; ++y) CHECK(first[y] <= p[y] / lenience + 1e-12);
+      }
+    }
+  }
+  // And it does change the law for an ordinary pair.
+  const ChainPair chains = make_chains(ChainKind::random, 5, g);
+  const StepModel lenient{&chains.target, &chains.draft, &chains.draft, 0.5};
+  CHECK(max_difference(extend(step_law(lenient, 0, 2), chains.target, 0, 3),
+                       target_law(chains.target, 0, 3)) > 1e-3);
+}
+
+// ---------------------------------------------------------------------------------------
+// Statistical exactness of the real code
+// ---------------------------------------------------------------------------------------
+
+namespace {
+
+/// Inverse-CDF draw from a normalised double row (test-side, independent of the library):
+/// drafts are sampled here, the way a decoder samples them from q.
+template <class G>
+token_id draw_categorical(const std::vector<double>& row, G& g) {
+  const double target = specdec::uniform01<double>(g);
+  double running = 0.0;
+  std::size_t last = 0;
+  for (std::size_t j = 0; j < row.size(); ++j) {
+    if (row[j] <= 0.0) continue;
+    running += row[j];
+    last = j;
+    if (running > target) return static_cast<token_id>(j);
+  }
+  return static_cast<token_id>(last);
+}
+
+/// The same for large rows: binary search in the cumulative distribution.
+struct CumulativeSampler {
+  std::vector<double> cumulative;
+  explicit CumulativeSampler(const std::vector<double>& row) : cumulative(row.size()) {
+    std::partial_sum(row.begin(), row.end(), cumulative.begin());
+  }
+  template <class G>
+  token_id operator()(G& g) const {
+    const double target = specdec::uniform01<double>(g) * cumulative.back();
+    const auto it = std::upper_bound(cumulative.begin(), cumulative.end(), target);
+    auto index = static_cast<std::size_t>(it - cumulative.begin());
+    if (index == cumulative.size()) index = cumulative.size() - 1;
+    // Skip zero-probability entries (equal cumulative values) defensively.
+    while (index > 0 && cumulative[index] == cumulative[index - 1]) --index;
+    return static_cast<token_id>(index);
+  }
+};
+
+/// A chain's rows in T, and the same rows widened back to double and renormalised: the
+/// exact law of what the code under test sees.
+template <class T>
+struct TypedChain {
+  std::vector<std::vector<T>> rows;
+  Chain exact;
+  explicit TypedChain(const Chain& chain) {
+    for (const auto& row : chain.rows) {
+      rows.emplace_back(row.begin(), row.end());
+      exact.rows.push_back(normalised(std::vector<double>(rows.back().begin(), rows.back().end())));
+    }
+  }
+};
+
+/// Category of an emitted sequence of 1..gamma+1 tokens over V: all lengths side by side.
+struct SequenceCategories {
+  std::size_t vocab_size;
+  std::size_t max_length;
+  std::vector<std::size_t> offset;  // offset[L] = number of sequences shorter than L
+  SequenceCategories(std::size_t v, std::size_t length)
+      : vocab_size(v), max_length(length), offset(length + 2, 0) {
+    std::size_t power = v;  // offset[l] = sum_{k=1}^{l-1} V^k
+    for (std::size_t l = 2; l <= length + 1; ++l) {
+      offset[l] = offset[l - 1] + power;
+      power *= v;
+    }
+  }
+  [[nodiscard]] std::size_t count() const { return offset[max_length + 1]; }
+  [[nodiscard]] std::size_t index(const std::vector<token_id>& sequence) const {
+    std::size_t value = 0;
+    for (std::size_t k = sequence.size(); k-- > 0;) {
+      value = value * vocab_size + static_cast<std::size_t>(sequence[k]);
+    }
+    return offset[sequence.size()] + value;
+  }
+  [[nodiscard]] std::vector<double> expected(const Law& law) const {
+    std::vector<double> probabilities(count(), 0.0);
+    for (const auto& [sequence, probability] : law) probabilities[index(sequence)] += probability;
+    return probabilities;
+  }
+};
+
+/// One real step: drafts sampled from `sampler`, rows of the typed chains, the library's
+/// verification (or a broken test-only variant). Returns the emitted tokens x_1..x_n, t.
+template <class T>
+struct StepRunner {
+  const TypedChain<T>* target;
+  const TypedChain<T>* draft;  // nullptr: proposal-only drafts (one-hot q)
+  const TypedChain<T>* sampler;
+  std::size_t gamma;
+  double lenience;
+  Variant variant;
+  std::vector<T> p_rows;
+  std::vector<T> q_rows;
+  std::vector<token_id> draft_tokens;
+  std::vector<token_id> emitted;
+
+  StepRunner(const TypedChain<T>* target_chain, const TypedChain<T>* draft_chain,
+             const TypedChain<T>* sampler_chain, std::size_t steps_gamma,
+             double step_lenience = 1.0, Variant step_variant = Variant::exact)
+      : target(target_chain),
+        draft(draft_chain),
+        sampler(sampler_chain),
+        gamma(steps_gamma),
+        lenience(step_lenience),
+        variant(step_variant) {}
+
+  template <class G>
+  const std::vector<token_id>& operator()(token_id context, G& g) {
+    const std::size_t size = target->rows.size();
+    p_rows.resize((gamma + 1) * size);
+    q_rows.resize(gamma * size);
+    draft_tokens.clear();
+    token_id previous = context;
+    for (std::size_t i = 0; i <= gamma; ++i) {
+      const auto& p = target->rows[static_cast<std::size_t>(previous)];
+      std::copy(p.begin(), p.end(), p_rows.begin() + static_cast<std::ptrdiff_t>(i * size));
+      if (i == gamma) break;
+      if (draft != nullptr) {
+        const auto& q = draft->rows[static_cast<std::size_t>(previous)];
+        std::copy(q.begin(), q.end(), q_rows.begin() + static_cast<std::ptrdiff_t>(i * size));
+      }
+      previous = draw_categorical(sampler->exact.next(previous), g);
+      draft_tokens.push_back(previous);
+    }
+    const specdec::RowsView<const T> p_view(p_rows.data(), gamma + 1, size);
+    const specdec::RowsView<const T> q_view(q_rows.data(), gamma, size);
+    emitted.clear();
+    if (variant != Variant::exact) {
+      broken_step(q_view, p_view, g);
+      return emitted;
+    }
+    const VerificationResult result =
+        draft != nullptr
+            ? specdec::verify_speculative(draft_tokens, q_view, p_view, g, {lenience})
+            : specdec::verify_speculative_proposals(draft_tokens, p_view, g, {lenience});
+    emitted.assign(draft_tokens.begin(),
+                   draft_tokens.begin() + static_cast<std::ptrdiff_t>(result.accepted));
+    emitted.push_back(result.token);
+    return emitted;
+  }
+
+  /// Test-only broken verifiers: the library's step with one thing changed.
+  template <class G>
+  void broken_step(specdec::RowsView<const T> q, specdec::RowsView<const T> p, G& g) {
+    for (std::size_t i = 0; i < gamma; ++i) {
+      const auto x = static_cast<std::size_t>(draft_tokens[i]);
+      const double u = specdec::uniform01<double>(g);
+      if (u * static_cast<double>(q(i, x)) < static_cast<double>(p(i, x))) {
+        emitted.push_back(draft_tokens[i]);
+        continue;
+      }
+      const std::span<const T> p_row = p.row(i);
+      const std::span<const T> q_row = q.row(i);
+      switch (variant) {
+        case Variant::residual_is_p:
+          emitted.push_back(specdec::sample_from_row(p_row, g));
+          break;
+        case Variant::residual_is_q:
+          emitted.push_back(specdec::sample_from_row(q_row, g));
+          break;
+        case Variant::off_by_one:
+          emitted.push_back(draft_tokens[i]);
+          emitted.push_back(specdec::sample_residual(p_row, q_row, g).token);
+          break;
+        case Variant::unclamped_residual: {
+          const double target_mass =
+              specdec::uniform01<double>(g) * specdec::residual_mass(p_row, q_row);
+          double running = 0.0;
+          std::size_t chosen = p_row.size() - 1;
+          for (std::size_t j = 0; j < p_row.size(); ++j) {
+            running += static_cast<double>(p_row[j]) - static_cast<double>(q_row[j]);
+            if (running > target_mass) {
+              chosen = j;
+              break;
+            }
+          }
+          emitted.push_back(static_cast<token_id>(chosen));
+          break;
+        }
+        case Variant::exact:
+          break;
+      }
+      return;
+    }
+    emitted.push_back(specdec::sample_from_row(std::span<const T>(p.row(gamma)), g));
+  }
+};
+
+/// Runs `samples` real steps and the chi-square of their emitted sequences against `law`.
+template <class T, class G>
+specdec::testing::ChiSquareResult joint_chi_square(StepRunner<T>& runner, token_id context,
+                                                   const Law& law, std::size_t samples, G& g) {
+  const SequenceCategories categories(runner.target->rows.size(), runner.gamma + 1);
+  std::vector<std::uint64_t> observed(categories.count(), 0);
+  for (std::size_t s = 0; s < samples; ++s) ++observed[categories.index(runner(context, g))];
+  return specdec::testing::chi_square_test(observed, categories.expected(law));
+}
+
+/// Total variation between two laws of sequences.
+double total_variation(const Law& a, const Law& b) {
+  double sum = 0.0;
+  for (const auto& [sequence, probability] : a) {
+    const auto other = b.find(sequence);
+    sum += std::abs(probability - (other == b.end() ? 0.0 : other->second));
+  }
+  for (const auto& [sequence, probability] : b) {
+    if (a.find(sequence) == a.end()) sum += probability;
+  }
+  return sum / 2;
+}
+
+/// Degrees of freedom of a law's chi-square (categories with positive probability - 1),
+/// for sizing samples with samples_to_detect.
+std::size_t samples_for(const Law& law) {
+  std::size_t positive = 0;
+  for (const auto& entry : law) positive += entry.second > 0.0 ? 1 : 0;
+  return samples_to_detect(0.01, positive - 1);
+}
+
+}  // namespace
+
+// Sample sizes: samples_to_detect(0.01, df) for the number of possible sequences (540k draws
+// for 40 outcomes, 1.4M for 363), so a total-variation error of 0.01 in the joint law of
+// (n, emitted tokens) fails at the 1e-9 threshold.
+TEMPLATE_TEST_CASE("Whole steps: the joint law of (n, tokens) is the enumerated one",
+                   "[speculative_sampling][statistical]", float, double) {
+  using T = TestType;
+  constexpr bool is_float = std::is_same_v<T, float>;
+  struct Config {
+    std::size_t size;
+    std::size_t gamma;
+    ChainKind kind;
+    bool proposals;
+    double lenience;
+  };
+  // Split between float and double to keep the run time in budget; together they cover
+  // gamma up to 4, every kind of pair, proposal-only drafts and lenience.
+  const std::vector<Config> configs =
+      is_float ? std::vector<Config>{{3, 4, ChainKind::random, false, 1.0},
+                                     {5, 2, ChainKind::target_zeros, false, 1.0},
+                                     {3, 3, ChainKind::one_hot_draft, false, 1.0},
+                                     {3, 3, ChainKind::random, true, 1.0},
+                                     {3, 2, ChainKind::random, false, 0.5}}
+               : std::vector<Config>{{2, 4, ChainKind::draft_zeros, false, 1.0},
+                                     {8, 1, ChainKind::near_one_hot, false, 1.0},
+                                     {3, 2, ChainKind::identical, false, 1.0},
+                                     {4, 2, ChainKind::disjoint, false, 1.0},
+                                     {4, 2, ChainKind::one_hot_target, true, 0.7}};
+  specdec::xoshiro256pp g(is_float ? 1001 : 2002);
+  for (const auto& config : configs) {
+    const ChainPair chains = make_chains(config.kind, config.size, g);
+    const TypedChain<T> target(chains.target);
+    const TypedChain<T> draft(chains.draft);
+    const StepModel model{&target.exact, config.proposals ? nullptr : &draft.exact, &draft.exact,
+                          config.lenience};
+    const token_id context = 1;
+    const Law law = step_law(model, context, config.gamma);
+    StepRunner<T> runner(&target, config.proposals ? nullptr : &draft, &draft, config.gamma,
+                         config.lenience);
+    const auto result = joint_chi_square(runner, context, law, samples_for(law), g);
+    INFO("V = " << config.size << ", gamma = " << config.gamma << ", " << name_of(config.kind)
+                << (config.proposals ? ", proposal-only" : "") << ", l = " << config.lenience
+                << ": " << result.describe());
+    CHECK(result.passed());
+    if (config.lenience == 1.0) {  // and it is the target's law, per the enumeration
+      CHECK(max_difference(extend(law, target.exact, context, config.gamma + 1),
+                           target_law(target.exact, context, config.gamma + 1)) < 1e-12);
+    }
+  }
+}
+
+TEST_CASE("Whole steps: broken variants fail the same chi-square",
+          "[speculative_sampling][statistical]") {
+  // V = 3, gamma = 2. In every context p - q has the signs (-, +, -), so that the unclamped
+  // walk goes wrong too (it is harmless when the positive differences come first or last).
+  // Each variant's law is at least 0.02 away from the exact one in total variation (checked
+  // by enumeration), and the same statistic with the same sample size and threshold
+  // rejects it.
+  specdec::xoshiro256pp g(3003);
+  const Chain p_chain{{normalised({1, 4, 2}), normalised({2, 5, 1}), normalised({1, 3, 3})}};
+  const Chain q_chain{{normalised({3, 1, 3}), normalised({4, 2, 2}), normalised({2, 1, 4})}};
+  const Chain uniform{{normalised({1, 1, 1}), normalised({1, 1, 1}), normalised({1, 1, 1})}};
+  const TypedChain<float> target(p_chain);
+  const TypedChain<float> draft(q_chain);
+  const TypedChain<float> wrong_sampler(uniform);
+  constexpr std::size_t gamma = 2;
+  constexpr token_id context = 0;
+  const StepModel exact{&target.exact, &draft.exact, &draft.exact};
+  const Law law = step_law(exact, context, gamma);
+  const std::size_t samples = samples_for(law);
+  for (const Variant variant : {Variant::unclamped_residual, Variant::residual_is_p,
+                                Variant::residual_is_q, Variant::off_by_one}) {
+    const StepModel broken{&target.exact, &draft.exact, &draft.exact, 1.0, variant};
+    const double distance = total_variation(step_law(broken, context, gamma), law);
+    StepRunner<float> runner(&target, &draft, &draft, gamma, 1.0, variant);
+    const auto result = joint_chi_square(runner, context, law, samples, g);
+    INFO(name_of(variant) << ": TV " << distance << ", " << result.describe());
+    REQUIRE(distance > 0.02);
+    CHECK_FALSE(result.passed());
+  }
+  // Drafts drawn from another q than the one in the ratio (the real verify_speculative).
+  const StepModel mismatched{&target.exact, &draft.exact, &wrong_sampler.exact};
+  const double distance = total_variation(step_law(mismatched, context, gamma), law);
+  StepRunner<float> runner(&target, &draft, &wrong_sampler, gamma);
+  const auto result = joint_chi_square(runner, context, law, samples, g);
+  INFO("drafts from another q: TV " << distance << ", " << result.describe());
+  REQUIRE(distance > 0.02);
+  CHECK_FALSE(result.passed());
+  // Power near the detection limit: drafts from 0.9 q + 0.1 uniform (a subtle mismatch).
+  Chain blend = q_chain;
+  for (auto& row : blend.rows) {
+    for (auto& value : row) value = 0.9 * value + 0.1 / 3.0;
+  }
+  const TypedChain<float> blended(blend);
+  const StepModel subtle{&target.exact, &draft.exact, &blended.exact};
+  const double small_distance = total_variation(step_law(subtle, context, gamma), law);
+  StepRunner<float> subtle_runner(&target, &draft, &blended, gamma);
+  const auto subtle_result = joint_chi_square(subtle_runner, context, law, samples, g);
+  INFO("drafts from 0.9 q + 0.1 uniform: TV " << small_distance << ", "
+                                              << subtle_result.describe());
+  REQUIRE(small_distance > 0.01);
+  REQUIRE(small_distance < 0.05);
+  CHECK_FALSE(subtle_result.passed());
+}
+
+namespace {
+
+/// A (p, q) pair for single-position tests.
+struct Pair {
+  std::string name;
+  std::vector<double> p;
+  std::vector<double> q;
+};
+
+/// Zipf-like weights 1/(rank+1)^s over a random permutation: an LLM-like row.
+std::vector<double> zipf_weights(std::size_t size, double exponent, specdec::xoshiro256pp& g) {
+  std::vector<std::size_t> order(size);
+  std::iota(order.begin(), order.end(), 0);
+  for (std::size_t i = size - 1; i > 0; --i) {
+    std::swap(order[i], order[specdec::uniform_below(g, i + 1)]);
+  }
+  std::vector<double> row(size);
+  for (std::size_t rank = 0; rank < size; ++rank) {
+    row[order[rank]] = 1.0 / std::pow(static_cast<double>(rank + 1), exponent);
+  }
+  return normalised(row);
+}
+
+/// q close to p, as a good draft model gives (acceptance rate about 1 - spread / 4).
+std::vector<double> perturbed(const std::vector<double>& p, double spread,
+                              specdec::xoshiro256pp& g) {
+  std::vector<double> q(p.size());
+  for (std::size_t j = 0; j < p.size(); ++j) {
+    q[j] = p[j] * (1.0 + spread * (specdec::uniform01<double>(g) - 0.5));
+  }
+  return normalised(q);
+}
+
+/// 21 pairs: random rows from V = 2 to 1000 (around the 128-entry kernel block too), every
+/// edge case of the issue, and LLM-like rows with V = 5000 and 50,000 (drafts close to p).
+std::vector<Pair> position_pairs() {
+  specdec::xoshiro256pp g(8080);
+  std::vector<Pair> pairs;
+  for (const std::size_t size : {2UL, 3UL, 5UL, 8UL, 16UL, 65UL, 128UL, 129UL, 1000UL}) {
+    pairs.push_back(
+        {"random V=" + std::to_string(size), random_weights(size, g), random_weights(size, g)});
+  }
+  {
+    const auto p = random_weights(6, g);
+    pairs.push_back({"p = q", p, p});
+  }
+  pairs.push_back({"disjoint supports", normalised({0.3, 0.2, 0, 0, 0.5, 0}),
+                   normalised({0, 0, 0.6, 0.4, 0, 0})});
+  pairs.push_back({"q zero where p positive", normalised({0.2, 0.3, 0.1, 0.4, 0.0}),
+                   normalised({0.0, 0.5, 0.0, 0.25, 0.25})});
+  pairs.push_back({"p zero where q positive", normalised({0.0, 0.4, 0.0, 0.35, 0.25}),
+                   normalised({0.3, 0.1, 0.2, 0.1, 0.3})});
+  pairs.push_back({"one-hot q", normalised({0.1, 0.2, 0.3, 0.4, 0.0}), one_hot(5, 3)});
+  pairs.push_back({"one-hot p", one_hot(4, 2), normalised({0.25, 0.25, 0.25, 0.25})});
+  {
+    std::vector<double> near(8, 1e-4);
+    near[5] = 1.0;
+    pairs.push_back({"near one-hot p", normalised(near), std::vector<double>(8, 1.0 / 8)});
+    pairs.push_back(
+        {"uniform p, near one-hot q", std::vector<double>(8, 1.0 / 8), normalised(near)});
+  }
+  {
+    const auto q = random_weights(12, g);
+    std::vector<double> p = q;
+    p[3] += 1e-3;
+    p[10] = std::max(0.0, p[10] - 1e-3);
+    pairs.push_back({"p close to q", normalised(p), q});
+  }
+  {
+    auto p = random_weights(300, g);
+    auto q = random_weights(300, g);
+    for (std::size_t j = 0; j < 300; ++j) (specdec::uniform_below(g, 2) == 0 ? p : q)[j] = 0.0;
+    pairs.push_back({"sparse V=300", normalised(p), normalised(q)});
+  }
+  {
+    const auto p = zipf_weights(5000, 1.1, g);
+    pairs.push_back({"zipf V=5000", p, perturbed(p, 0.4, g)});
+  }
+  {
+    const auto p = zipf_weights(50000, 1.05, g);
+    pairs.push_back({"zipf V=50000", p, perturbed(p, 0.1, g)});
+  }
+  return pairs;
+}
+
+/// Groups tokens for a chi-square over a large vocabulary: the 31 most likely tokens get
+/// their own bucket, the rest are split in id order into 32 buckets of about equal mass.
+std::vector<std::size_t> bucket_tokens(const std::vector<double>& law) {
+  constexpr std::size_t individual = 31;
+  constexpr std::size_t groups = 32;
+  std::vector<std::size_t> bucket(law.size(), 0);
+  if (law.size() <= individual + groups) {
+    std::iota(bucket.begin(), bucket.end(), 0);
+    return bucket;
+  }
+  std::vector<std::size_t> order(law.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + individual, order.end(),
+                    [&](std::size_t a, std::size_t b) { return law[a] > law[b]; });
+  std::vector<bool> alone(law.size(), false);
+  double rest = 1.0;
+  for (std::size_t k = 0; k < individual; ++k) {
+    bucket[order[k]] = k;
+    alone[order[k]] = true;
+    rest -= law[order[k]];
+  }
+  double running = 0.0;
+  for (std::size_t j = 0; j < law.size(); ++j) {
+    if (alone[j]) continue;
+    const auto group =
+        rest <= 0.0
+            ? 0
+            : std::min(groups - 1,
+                       static_cast<std::size_t>(running / rest * static_cast<double>(groups)));
+    bucket[j] = individual + group;
+    running += law[j];
+  }
+  return bucket;
+}
+
+/// Draws tokens with `draw()`; chi-square against `law` over the buckets, with
+/// samples_to_detect(detectable, buckets - 1) draws.
+template <class Draw>
+specdec::testing::ChiSquareResult token_chi_square(const std::vector<double>& law,
+                                                   double detectable, Draw&& draw) {
+  const auto bucket = bucket_tokens(law);
+  const std::size_t buckets = *std::max_element(bucket.begin(), bucket.end()) + 1;
+  std::vector<double> expected(buckets, 0.0);
+  for (std::size_t j = 0; j < law.size(); ++j) expected[bucket[j]] += law[j];
+  std::size_t positive = 0;
+  for (const double value : expected) positive += value > 0.0 ? 1 : 0;
+  const std::size_t samples = samples_to_detect(detectable, positive - 1);
+  std::vector<std::uint64_t> observed(buckets, 0);
+  bool impossible = false;
+  for (std::size_t i = 0; i < samples; ++i) {
+    const auto token = static_cast<std::size_t>(draw());
+    if (token >= law.size() || law[token] == 0.0) {
+      impossible = true;
+      continue;
+    }
+    ++observed[bucket[token]];
+  }
+  auto result = specdec::testing::chi_square_test(observed, expected);
+  result.impossible_outcome = result.impossible_outcome || impossible;
+  return result;
+}
+
+}  // namespace
+
+namespace {
+
+/// One-position steps (gamma = 1) for a pair in T: the first emitted token (x_1 if accepted,
+/// else the correction) must follow p, whatever q is; also for proposal-only verification.
+template <class T>
+struct PositionRunner {
+  std::size_t size;
+  std::vector<T> target_rows;  // p_1 = p_2 = p
+  std::vector<T> draft_row;    // q_1 = q
+  std::vector<double> law;     // p as the code sees it, widened and normalised
+  CumulativeSampler drafts;    // x_1 ~ q likewise
+  std::size_t fallbacks = 0;
+
+  explicit PositionRunner(const Pair& pair)
+      : size(pair.p.size()),
+        target_rows(pair.p.begin(), pair.p.end()),
+        draft_row(pair.q.begin(), pair.q.end()),
+        law(normalised(std::vector<double>(target_rows.begin(), target_rows.end()))),
+        drafts(normalised(std::vector<double>(draft_row.begin(), draft_row.end()))) {
+    target_rows.insert(target_rows.end(), pair.p.begin(), pair.p.end());
+  }
+
+  template <class G>
+  token_id speculative(G& g) {
+    const token_id x = drafts(g);
+    const auto step = specdec::verify_speculative(
+        std::span<const token_id>(&x, 1), specdec::RowsView<const T>(draft_row.data(), 1, size),
+        specdec::RowsView<const T>(target_rows.data(), 2, size), g);
+    fallbacks += step.residual_fallback ? 1 : 0;
+    return step.accepted == 1 ? x : step.token;
+  }
+
+  template <class G>
+  token_id proposals(G& g) {
+    const token_id x = drafts(g);
+    const auto step = specdec::verify_speculative_proposals(
+        std::span<const token_id>(&x, 1), specdec::RowsView<const T>(target_rows.data(), 2, size),
+        g);
+    return step.accepted == 1 ? x : step.token;
+  }
+};
+
+}  // namespace
+
+// Sample sizes: samples_to_detect(0.01, buckets - 1), 270k to 440k steps per pair. Float
+// rows run the 19 pairs with V <= 1000 (every edge case) through verify_speculative and the
+// ones with V <= 16 through verify_speculative_proposals; double rows the ones with V <= 16.
+TEMPLATE_TEST_CASE("Single positions: the first emitted token follows p",
+                   "[speculative_sampling][statistical]", float, double) {
+  using T = TestType;
+  constexpr bool is_float = std::is_same_v<T, float>;
+  specdec::xoshiro256pp g(is_float ? 4004 : 5005);
+  const auto pairs = position_pairs();
+  REQUIRE(pairs.size() >= 21);
+  for (const auto& pair : pairs) {
+    const std::size_t size = pair.p.size();
+    if (size > (is_float ? 1000U : 16U)) continue;
+    PositionRunner<T> runner(pair);
+    const auto result = token_chi_square(runner.law, 0.01, [&] { return runner.speculative(g); });
+    INFO(pair.name << " (V = " << size << "): " << result.describe());
+    CHECK(result.passed());
+    CHECK(runner.fallbacks == 0);
+    if (is_float && size <= 16) {
+      const auto proposals =
+          token_chi_square(runner.law, 0.01, [&] { return runner.proposals(g); });
+      INFO("proposal-only: " << proposals.describe());
+      CHECK(proposals.passed());
+    }
+  }
+}
+
+// Large vocabularies: every step reads a full row (the residual after a rejection, the bonus
+// token otherwise), so these two pairs get samples_to_detect(0.03, buckets - 1) steps (60k
+// to 70k). The residual sampler itself is tested at V = 50,000 with full power (TV 0.01) in
+// residual_distribution_test.
+TEST_CASE("Single positions at V = 5000 and 50,000: the first emitted token follows p",
+          "[speculative_sampling][statistical]") {
+  specdec::xoshiro256pp g(6006);
+  std::size_t large = 0;
+  for (const auto& pair : position_pairs()) {
+    if (pair.p.size() <= 1000) continue;
+    ++large;
+    PositionRunner<float> runner(pair);
+    const auto result = token_chi_square(runner.law, 0.03, [&] { return runner.speculative(g); });
+    INFO(pair.name << " (V = " << pair.p.size() << "): " << result.describe());
+    CHECK(result.passed());
+    CHECK(runner.fallbacks == 0);
+  }
+  CHECK(large == 2);
 }

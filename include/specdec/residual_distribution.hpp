@@ -4,16 +4,20 @@
 //
 // Every draw is one streaming pass over the row(s) plus a short walk:
 //  1. the pass computes the clamped weights w_j = max(0, p_j - l q_j) and sums them, a block
-//     of 64 at a time with 16 independent kernel_lanes (vectorized without -ffast-math), storing
-//     the masses of at most 256 superblocks; their sum is the normaliser Z. Z is the sum of
-//     the clamped differences itself, never 1 - sum(min(p, q)), which would cancel
+//     of 128 entries at a time in 16 independent lanes (SIMD packets through fixed-size Eigen
+//     arrays, no -ffast-math needed), accumulating the block sums in double and storing the
+//     cumulative masses of at most 256 superblocks; the total is the normaliser Z. Z is the
+//     sum of the clamped differences itself, never 1 - sum(min(p, q)), which would cancel
 //     catastrophically when p and q are close;
 //  2. the draw takes u ~ U[0,1) and returns the first token whose cumulative weight exceeds
-//     u Z: it walks the stored superblock masses, then the block sums of the one chosen
-//     superblock (recomputed by the same kernel, so they add up to the stored mass), then
-//     the entries of one block.
-// Accuracy: see detail::mass_table (for float rows the masses are within about 4.2e-7
-// relative of the exact sums of the given entries, for double rows within ~1e-15).
+//     u Z: a binary search over the superblocks, then a walk over the block sums of the one
+//     chosen superblock (recomputed by the same kernel, hence equal to those of the pass;
+//     any rounding mismatch, e.g. from FMA contraction in a user's build, is absorbed by the
+//     overrun rule of detail::walk_masses), then over the entries of one block. At V = 256k the
+//     walk reads 1024 entries of each row again; the pass reads each row once.
+// Accuracy: see detail::mass_table (for float rows every mass is within 6.6e-7 relative of
+// the exact sum of the given entries, for any V; for double rows within about 1e-15).
+// NaN entries weigh nothing (max(0, NaN) = 0).
 //
 // Zero or non-finite residual mass. Under exact arithmetic the residual at a rejected
 // position has positive mass (a rejection needs some q(x) > p(x), so some p(y) > q(y)).

@@ -1,22 +1,23 @@
 // specdec — private, vectorized kernels over probability rows: block sums, the two-level
 // mass table behind every inverse-CDF draw, and argmax scans for greedy verification.
 //
-// Vectorization without -ffast-math: every kernel keeps `kernel_lanes` independent
-// accumulators and combines them in a fixed order. Each lane is a separate variable, so the
-// compiler maps the lanes onto SIMD registers (SSE2 and up) without reassociating a single
-// floating-point addition; results are identical under GCC and Clang.
+// Vectorization without -ffast-math: every kernel works on blocks of `kernel_block`
+// entries through fixed-size Eigen arrays of `kernel_lanes` independent accumulators
+// (4 SSE float packets, 8 SSE double packets, fewer with AVX), combined in a fixed order.
+// No floating-point addition is ever reassociated by the compiler, so results are identical
+// under GCC and Clang and for every instruction set without FMA contraction.
 #pragma once
 
-#include <array>
+#include <Eigen/Core>
 #include <cstddef>
 #include <limits>
 #include <utility>
 
 namespace specdec::detail {
 
-/// Elements summed by one block kernel call (a multiple of `kernel_lanes`).
-inline constexpr std::size_t kernel_block = 64;
-/// Independent accumulators per kernel: 4 SSE float vectors or 8 SSE double vectors.
+/// Entries summed (or scanned) by one block kernel call (a multiple of `kernel_lanes`).
+inline constexpr std::size_t kernel_block = 128;
+/// Independent accumulators per kernel.
 inline constexpr std::size_t kernel_lanes = 16;
 /// Superblock masses kept on the stack by a mass table (2 KiB).
 inline constexpr std::size_t max_superblocks = 256;
@@ -26,6 +27,12 @@ inline constexpr std::size_t no_index = static_cast<std::size_t>(-1);
 static_assert(kernel_block % kernel_lanes == 0);
 static_assert(kernel_lanes == 16, "reduce_lanes is written for 16 lanes");
 
+/// The accumulators of a kernel, and an unaligned view of `kernel_lanes` row entries.
+template <class T>
+using lane_array = Eigen::Array<T, static_cast<int>(kernel_lanes), 1>;
+template <class T>
+using lane_view = Eigen::Map<const lane_array<T>, Eigen::Unaligned>;
+
 /// max(0, value) that maps NaN to 0 (a NaN compares false), so that one bad entry can
 /// never poison a mass: the caller sees at worst a zero mass and takes its fallback.
 template <class T>
@@ -33,15 +40,20 @@ template <class T>
   return value > T(0) ? value : T(0);
 }
 
-/// Sum of the `kernel_lanes` accumulators in a fixed pairwise order, then widened to double.
+/// The same on lanes. Eigen's max follows std::max(a, b) = (a < b ? b : a) for NaN, so
+/// max(0, NaN) is 0 here too (one SSE maxps per packet).
+template <class Expression>
+[[nodiscard]] inline auto clamp_nonnegative_lanes(const Expression& values) noexcept {
+  using T = typename Expression::Scalar;
+  return lane_array<T>::Zero().max(values);
+}
+
+/// Sum of the lanes in a fixed pairwise order, widened to double at the end.
 template <class T>
-[[nodiscard]] inline double reduce_lanes(const std::array<T, kernel_lanes>& accumulators) noexcept {
-  std::array<T, kernel_lanes / 2> level{};
-  for (std::size_t k = 0; k < kernel_lanes / 2; ++k)
-    level[k] = accumulators[k] + accumulators[k + kernel_lanes / 2];
-  for (std::size_t k = 0; k < 4; ++k) level[k] += level[k + 4];
-  for (std::size_t k = 0; k < 2; ++k) level[k] += level[k + 2];
-  return static_cast<double>(level[0] + level[1]);
+[[nodiscard]] inline double reduce_lanes(const lane_array<T>& lanes) noexcept {
+  const Eigen::Array<T, 8, 1> eight = lanes.template head<8>() + lanes.template tail<8>();
+  const Eigen::Array<T, 4, 1> four = eight.template head<4>() + eight.template tail<4>();
+  return static_cast<double>((four[0] + four[2]) + (four[1] + four[3]));
 }
 
 // ---------------------------------------------------------------------------------------
@@ -60,14 +72,11 @@ struct row_source {
   [[nodiscard]] std::size_t size() const noexcept { return count; }
   [[nodiscard]] T element(std::size_t j) const noexcept { return clamp_nonnegative(row[j]); }
   [[nodiscard]] double full_block_sum(std::size_t first) const noexcept {
-    std::array<T, kernel_lanes> accumulators{};
-    const T* block = row + first;
-    for (std::size_t i = 0; i < kernel_block; i += kernel_lanes) {
-      for (std::size_t k = 0; k < kernel_lanes; ++k) {
-        accumulators[k] += clamp_nonnegative(block[i + k]);
-      }
+    lane_array<T> lanes = lane_array<T>::Zero();
+    for (std::size_t i = first; i < first + kernel_block; i += kernel_lanes) {
+      lanes += clamp_nonnegative_lanes(lane_view<T>(row + i));
     }
-    return reduce_lanes(accumulators);
+    return reduce_lanes(lanes);
   }
 };
 
@@ -83,15 +92,11 @@ struct difference_source {
     return clamp_nonnegative(target[j] - draft[j]);
   }
   [[nodiscard]] double full_block_sum(std::size_t first) const noexcept {
-    std::array<T, kernel_lanes> accumulators{};
-    const T* p = target + first;
-    const T* q = draft + first;
-    for (std::size_t i = 0; i < kernel_block; i += kernel_lanes) {
-      for (std::size_t k = 0; k < kernel_lanes; ++k) {
-        accumulators[k] += clamp_nonnegative(p[i + k] - q[i + k]);
-      }
+    lane_array<T> lanes = lane_array<T>::Zero();
+    for (std::size_t i = first; i < first + kernel_block; i += kernel_lanes) {
+      lanes += clamp_nonnegative_lanes(lane_view<T>(target + i) - lane_view<T>(draft + i));
     }
-    return reduce_lanes(accumulators);
+    return reduce_lanes(lanes);
   }
 };
 
@@ -108,15 +113,12 @@ struct lenient_difference_source {
     return clamp_nonnegative(target[j] - lenience * draft[j]);
   }
   [[nodiscard]] double full_block_sum(std::size_t first) const noexcept {
-    std::array<T, kernel_lanes> accumulators{};
-    const T* p = target + first;
-    const T* q = draft + first;
-    for (std::size_t i = 0; i < kernel_block; i += kernel_lanes) {
-      for (std::size_t k = 0; k < kernel_lanes; ++k) {
-        accumulators[k] += clamp_nonnegative(p[i + k] - lenience * q[i + k]);
-      }
+    lane_array<T> lanes = lane_array<T>::Zero();
+    for (std::size_t i = first; i < first + kernel_block; i += kernel_lanes) {
+      lanes +=
+          clamp_nonnegative_lanes(lane_view<T>(target + i) - lenience * lane_view<T>(draft + i));
     }
-    return reduce_lanes(accumulators);
+    return reduce_lanes(lanes);
   }
 };
 
@@ -137,17 +139,17 @@ struct replaced_entry_source {
 };
 
 /// Sum of `count` <= kernel_block weights starting at `first`, element by element into the
-/// same lanes as a full block (entry j goes to lane j % kernel_lanes), for the last partial
-/// block and for blocks needing per-element treatment. Deterministic, so every pass gets
-/// the same value for the same block.
+/// lanes (entry j goes to lane j % kernel_lanes), for the last partial block and for blocks
+/// needing per-element treatment. Deterministic, so every pass gets the same value for the
+/// same block.
 template <class T, class Source>
 [[nodiscard]] inline double elementwise_block_sum(const Source& source, std::size_t first,
                                                   std::size_t count) noexcept {
-  std::array<T, kernel_lanes> accumulators{};
+  lane_array<T> lanes = lane_array<T>::Zero();
   for (std::size_t j = 0; j < count; ++j) {
-    accumulators[j % kernel_lanes] += source.element(first + j);
+    lanes[static_cast<Eigen::Index>(j % kernel_lanes)] += source.element(first + j);
   }
-  return reduce_lanes(accumulators);
+  return reduce_lanes(lanes);
 }
 
 template <class T>
@@ -162,7 +164,7 @@ double replaced_entry_source<T>::full_block_sum(std::size_t first) const noexcep
 template <class Source>
 using source_scalar_t = decltype(std::declval<const Source&>().element(0));
 
-/// Mass of the block starting at `first` (full or the zero-padded last partial block).
+/// Mass of the block starting at `first` (full, or the last partial block).
 template <class Source>
 [[nodiscard]] inline double block_sum(const Source& source, std::size_t first) noexcept {
   const std::size_t remaining = source.size() - first;
@@ -175,13 +177,13 @@ template <class Source>
 /// streaming pass builds it; a draw then finds its superblock by binary search and reads
 /// only that superblock of the row again.
 ///
-/// Accuracy: a block sum adds every weight through at most 7 roundings of T (4 terms per
-/// lane, then a 4-level tree), so its relative error is at most 7 u_T (u_float = 2^-24,
+/// Accuracy: a block sum adds every weight through at most 11 roundings of T (8 terms per
+/// lane, then a 4-level tree), so its relative error is at most 11 u_T (u_float = 2^-24,
 /// u_double = 2^-53); block sums are then accumulated in double, adding at most
-/// (V / 64) u_double. For float rows with V = 256k the total mass is therefore accurate to
-/// about 4.2e-7 relative (worst case), independent of V; a plain float running sum could
-/// be off by V u_float = 1.6%. The probability of drawing a token is off by the same
-/// relative amount of its block's mass at most.
+/// (V / 128) u_double. For float rows with any V (256k included) the total mass is
+/// therefore accurate to 6.6e-7 relative in the worst case, independent of V; a plain float
+/// running sum could be off by V u_float = 1.6% at V = 256k. A token's probability is off by
+/// at most the same relative amount of its block's mass.
 struct mass_table {
   double total = 0.0;
   std::size_t superblock_elements = 0;  ///< a multiple of kernel_block
@@ -302,67 +304,74 @@ template <class Source>
 }
 
 // ---------------------------------------------------------------------------------------
-// Argmax scans (greedy verification). Preconditions: no NaN entries.
+// Argmax scans (greedy verification). Preconditions: no NaN entries. A block's maximum is
+// one packet max per 16 entries and a short reduction; scans exit between blocks.
 // ---------------------------------------------------------------------------------------
 
-/// Largest entry of a non-empty row.
+/// Largest entry of the full block starting at `row`.
 template <class T>
-[[nodiscard]] inline T row_max(const T* row, std::size_t size) noexcept {
-  std::array<T, kernel_lanes> maxima;
-  maxima.fill(row[0]);
-  std::size_t i = 0;
-  for (; i + kernel_lanes <= size; i += kernel_lanes) {
-    for (std::size_t k = 0; k < kernel_lanes; ++k) {
-      maxima[k] = row[i + k] > maxima[k] ? row[i + k] : maxima[k];
-    }
+[[nodiscard]] inline T block_max(const T* row) noexcept {
+  lane_array<T> lanes = lane_view<T>(row);
+  for (std::size_t i = kernel_lanes; i < kernel_block; i += kernel_lanes) {
+    lanes = lanes.max(lane_view<T>(row + i));
   }
-  for (; i < size; ++i) maxima[0] = row[i] > maxima[0] ? row[i] : maxima[0];
-  T best = maxima[0];
-  for (std::size_t k = 1; k < kernel_lanes; ++k) best = maxima[k] > best ? maxima[k] : best;
-  return best;
+  return lanes.maxCoeff();
 }
 
-/// First index in [first, last) whose entry satisfies `pred`, checked a block at a time
-/// (branch-free inside a block, early exit between blocks); no_index if none.
-template <class T, class Predicate>
-[[nodiscard]] inline std::size_t find_first_where(const T* row, std::size_t first, std::size_t last,
-                                                  Predicate pred) noexcept {
-  if (first >= last) return no_index;
-  const std::size_t full_blocks = (last - first) / kernel_block;
-  std::size_t i = first;
-  for (std::size_t b = 0; b < full_blocks; ++b, i += kernel_block) {
-    const T* block = row + i;
-    bool hit = false;
-    for (std::size_t k = 0; k < kernel_block; ++k) hit |= pred(block[k]);
-    if (hit) break;
-  }
-  for (; i < last; ++i) {
-    if (pred(row[i])) return i;
-  }
-  return no_index;
-}
-
-/// Argmax of a non-empty row, lowest index among ties.
+/// Argmax of a non-empty row, lowest index among ties: one pass of block maxima (keeping
+/// the first block that reaches the largest), then the first index of that block holding
+/// the value. Always in range, even for rows that violate the preconditions.
 template <class T>
 [[nodiscard]] inline std::size_t row_argmax(const T* row, std::size_t size) noexcept {
-  const T best = row_max(row, size);
-  const std::size_t index =
-      find_first_where(row, 0, size, [best](T value) { return value == best; });
-  return index == no_index ? 0 : index;
+  const std::size_t full_blocks = size / kernel_block;
+  std::size_t best_first = 0;
+  T best = row[0];
+  for (std::size_t b = 0; b < full_blocks; ++b) {
+    const T value = block_max(row + b * kernel_block);
+    if (value > best) {
+      best = value;
+      best_first = b * kernel_block;
+    }
+  }
+  std::size_t best_last = best_first + kernel_block < size ? best_first + kernel_block : size;
+  for (std::size_t j = full_blocks * kernel_block; j < size; ++j) {  // the partial block
+    if (row[j] > best) {
+      best = row[j];
+      best_first = j;
+      best_last = j + 1;
+    }
+  }
+  for (std::size_t j = best_first; j < best_last; ++j) {
+    if (row[j] == best) return j;
+  }
+  return best_first;
 }
 
 /// Whether `candidate` is the argmax of the row (lowest index among ties): no earlier
-/// entry reaches its value and no later entry exceeds it. Stops at the first witness.
+/// entry reaches its value and no later entry exceeds it. Stops at the first block holding
+/// a witness.
 template <class T>
 [[nodiscard]] inline bool is_row_argmax(const T* row, std::size_t size,
                                         std::size_t candidate) noexcept {
   const T value = row[candidate];
-  if (find_first_where(row, 0, candidate, [value](T entry) { return entry >= value; }) !=
-      no_index) {
-    return false;
+  const std::size_t own_block = candidate / kernel_block;
+  const std::size_t full_blocks = size / kernel_block;
+  for (std::size_t b = 0; b < own_block; ++b) {
+    if (block_max(row + b * kernel_block) >= value) return false;
   }
-  return find_first_where(row, candidate + 1, size, [value](T entry) { return entry > value; }) ==
-         no_index;
+  const std::size_t own_first = own_block * kernel_block;
+  const std::size_t own_last = own_first + kernel_block < size ? own_first + kernel_block : size;
+  for (std::size_t j = own_first; j < own_last; ++j) {
+    if (j < candidate ? row[j] >= value : row[j] > value) return false;
+  }
+  for (std::size_t b = own_block + 1; b < full_blocks; ++b) {
+    if (block_max(row + b * kernel_block) > value) return false;
+  }
+  for (std::size_t j = (full_blocks > own_block + 1 ? full_blocks : own_block + 1) * kernel_block;
+       j < size; ++j) {
+    if (row[j] > value) return false;
+  }
+  return true;
 }
 
 }  // namespace specdec::detail
