@@ -158,7 +158,10 @@ class Standardizer {
     // Tempered w >= min_p * 1  <=>  p >= max * min_p^T.
     const auto min_key =
         static_cast<U>(static_cast<double>(maximum) * std::pow(options_.min_p, temperature));
-    const auto scale = static_cast<T>(inverse_temperature);
+    // 1/T can round to 0 in T (float, T > ~7e44); a zero scale would turn log(0) = -inf
+    // into NaN. The smallest positive scale gives the same limit (uniform over the support).
+    const T scale =
+        std::max(static_cast<T>(inverse_temperature), std::numeric_limits<T>::denorm_min());
     const auto top = static_cast<T>(maximum);
     return finish(
         probabilities, out, U(0), min_key, use_min_p, T(1),
@@ -204,7 +207,10 @@ class Standardizer {
         use_min_p
             ? static_cast<U>(static_cast<double>(maximum) + temperature * std::log(options_.min_p))
             : impossible;
-    const auto scale = static_cast<T>(inverse_temperature);
+    // 1/T can round to 0 in T (float, T > ~7e44); a zero scale would turn log(0) = -inf
+    // into NaN. The smallest positive scale gives the same limit (uniform over the support).
+    const T scale =
+        std::max(static_cast<T>(inverse_temperature), std::numeric_limits<T>::denorm_min());
     const auto top = static_cast<T>(maximum);
     return finish(
         logits, out, impossible, min_key, use_min_p, T(1),
@@ -301,22 +307,34 @@ class Standardizer {
     const detail::more_probable_first<U> before{key.data()};
     const std::size_t size = key.size();
     if (k <= size / 16) {
-      // A heap of the k best so far with the worst on top: most entries fail one compare.
-      // Ids arrive in increasing order, so an equal key never displaces an earlier id.
+      // A heap of the k best so far with the worst on top. Ids arrive in increasing order,
+      // so an equal key never displaces an earlier id. Once the heap is full, blocks with
+      // no key above the worst kept one are skipped after one vectorizable count.
       U worst{};
-      for (std::size_t j = 0; j < size; ++j) {
-        const U value = key[j];
-        if (!(value > floor)) continue;
-        if (index_.size() < k) {
-          index_.push_back(static_cast<std::uint32_t>(j));
-          std::push_heap(index_.begin(), index_.end(), before);
-          worst = key[index_.front()];
-        } else if (value > worst) {
-          std::pop_heap(index_.begin(), index_.end(), before);
-          index_.back() = static_cast<std::uint32_t>(j);
-          std::push_heap(index_.begin(), index_.end(), before);
-          worst = key[index_.front()];
+      const auto offer = [&](std::size_t j) {
+        std::pop_heap(index_.begin(), index_.end(), before);
+        index_.back() = static_cast<std::uint32_t>(j);
+        std::push_heap(index_.begin(), index_.end(), before);
+        worst = key[index_.front()];
+      };
+      std::size_t j = 0;
+      for (; j < size && index_.size() < k; ++j) {
+        if (!(key[j] > floor)) continue;
+        index_.push_back(static_cast<std::uint32_t>(j));
+        std::push_heap(index_.begin(), index_.end(), before);
+        worst = key[index_.front()];
+      }
+      constexpr std::size_t block = 64;
+      for (; j + block <= size; j += block) {
+        unsigned above = 0;
+        for (std::size_t t = j; t < j + block; ++t) above += key[t] > worst ? 1U : 0U;
+        if (above == 0) continue;
+        for (std::size_t t = j; t < j + block; ++t) {
+          if (key[t] > worst) offer(t);
         }
+      }
+      for (; j < size; ++j) {
+        if (key[j] > worst) offer(j);
       }
       return;
     }

@@ -1,0 +1,588 @@
+// Bad-input catalogue, decoder side (docs/errors.md, rows D* and P*): SpeculativeDecoder
+// construction, generate() and step() with misbehaving models, SamplingOptions /
+// Standardizer, and the gamma policies. One test case per catalogue row.
+#include <catch2/catch_template_test_macros.hpp>
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_exception.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <exception>
+#include <limits>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "errors_catalogue.hpp"
+#include "specdec/error.hpp"
+#include "specdec/gamma_policy.hpp"
+#include "specdec/random.hpp"
+#include "specdec/rows.hpp"
+#include "specdec/sampling.hpp"
+#include "specdec/speculative_decoder.hpp"
+
+namespace {
+
+using specdec::errc;
+using specdec::token_id;
+using specdec::testing::check_error;
+
+constexpr double not_a_number = std::numeric_limits<double>::quiet_NaN();
+constexpr double infinity = std::numeric_limits<double>::infinity();
+
+/// How a model call misbehaves.
+enum class fault {
+  none,
+  short_row,     // V - 1 entries
+  nan_entry,     // entry 1 is NaN
+  negative,      // entry 1 is -0.25
+  zero_row,      // all zero
+  unnormalized,  // sums to 1.5
+  throw_std,     // throws std::runtime_error
+  throw_other,   // throws an int
+};
+
+/// A LanguageModel over V = 4 with context-dependent valid rows; call number `fail_at`
+/// (0-based) misbehaves as `how`. Records every context it is given.
+template <class T>
+struct ScriptedModel {
+  std::size_t vocab = 4;
+  std::size_t reported_vocab = 4;
+  std::size_t fail_at = std::numeric_limits<std::size_t>::max();
+  fault how = fault::none;
+  std::size_t calls = 0;
+  std::vector<std::vector<token_id>> contexts;
+  std::vector<T> row;
+
+  [[nodiscard]] std::size_t vocab_size() const { return reported_vocab; }
+
+  std::span<const T> next_token_probabilities(std::span<const token_id> context) {
+    contexts.emplace_back(context.begin(), context.end());
+    const std::size_t call = calls++;
+    row.assign(vocab, T(0));
+    // A valid row depending on the last token: mass 0.7 on (last + 1) mod V.
+    const std::size_t last = context.empty() ? 0 : static_cast<std::size_t>(context.back()) % vocab;
+    for (std::size_t j = 0; j < vocab; ++j)
+      row[j] = static_cast<T>(0.3 / static_cast<double>(vocab));
+    row[(last + 1) % vocab] += static_cast<T>(0.7);
+    if (call != fail_at) return row;
+    switch (how) {
+      case fault::none:
+        break;
+      case fault::short_row:
+        return std::span<const T>(row.data(), vocab - 1);
+      case fault::nan_entry:
+        row[1] = std::numeric_limits<T>::quiet_NaN();
+        break;
+      case fault::negative:
+        row[1] = T(-0.25);
+        break;
+      case fault::zero_row:
+        row.assign(vocab, T(0));
+        break;
+      case fault::unnormalized:
+        row[0] += T(0.5);
+        break;
+      case fault::throw_std:
+        throw std::runtime_error("engine out of memory");
+      case fault::throw_other:
+        throw 42;
+    }
+    return row;
+  }
+};
+
+/// ScriptedModel plus score_draft returning `extra_rows` more rows than asked for.
+template <class T>
+struct ScriptedBatchedModel : ScriptedModel<T> {
+  std::ptrdiff_t extra_rows = 0;
+  std::vector<T> block;
+  specdec::RowsView<const T> score_draft(std::span<const token_id> context,
+                                         std::span<const token_id> draft) {
+    const auto rows =
+        static_cast<std::size_t>(static_cast<std::ptrdiff_t>(draft.size() + 1) + extra_rows);
+    block.clear();
+    std::vector<token_id> prefix(context.begin(), context.end());
+    for (std::size_t i = 0; i < rows; ++i) {
+      const auto scored = this->next_token_probabilities(prefix);
+      block.insert(block.end(), scored.begin(), scored.end());
+      if (i < draft.size()) prefix.push_back(draft[i]);
+    }
+    return {block.data(), rows, this->vocab};
+  }
+};
+
+/// A proposal drafter proposing `count` tokens (capped at out.size() unless `overflow`),
+/// with `bad_token` at position `bad_at`.
+struct ScriptedDrafter {
+  std::size_t count = 2;
+  bool overflow = false;
+  std::size_t bad_at = std::numeric_limits<std::size_t>::max();
+  token_id bad_token = 0;
+  std::size_t propose(std::span<const token_id> context, std::span<token_id> out) const {
+    const std::size_t n = std::min(count, out.size());
+    const token_id last = context.empty() ? 0 : context.back();
+    for (std::size_t i = 0; i < n; ++i)
+      out[i] = static_cast<token_id>((last + 1 + static_cast<token_id>(i)) % 4);
+    if (bad_at < n) out[bad_at] = bad_token;
+    return overflow ? out.size() + 1 : n;
+  }
+};
+
+specdec::DecoderOptions fixed(std::size_t gamma) {
+  specdec::DecoderOptions options;
+  options.gamma_policy = specdec::FixedGamma(gamma);
+  return options;
+}
+
+const std::vector<token_id> prompt{1, 2};
+
+/// A gamma policy whose first gamma is `first`, then `later` for every further step.
+struct TwoPhaseGamma {
+  std::size_t first = 1;
+  std::size_t later = 1;
+  std::size_t steps = 0;
+  [[nodiscard]] std::size_t next_gamma() const { return steps == 0 ? first : later; }
+  [[nodiscard]] bool continue_drafting(double, std::size_t) const { return true; }
+  void observe(const specdec::StepFeedback&) { ++steps; }
+  [[nodiscard]] bool needs_timing() const { return false; }
+};
+
+}  // namespace
+
+// --- construction -------------------------------------------------------------------------
+
+TEST_CASE("D1 SpeculativeDecoder: lenience outside (0, 1]", "[errors][speculative_decoder]") {
+  ScriptedModel<float> target;
+  ScriptedModel<float> draft;
+  for (const double lenience : {0.0, -1.0, 1.5, not_a_number}) {
+    specdec::DecoderOptions options;
+    options.lenience = lenience;
+    check_error(
+        "D1", [&] { specdec::SpeculativeDecoder decoder(target, draft, options); },
+        errc::invalid_option, "decoder option lenience = ");
+  }
+}
+
+TEST_CASE("D2 SpeculativeDecoder: lenience below 1 with greedy decoding",
+          "[errors][speculative_decoder]") {
+  ScriptedModel<float> target;
+  ScriptedModel<float> draft;
+  specdec::DecoderOptions options;
+  options.sampling.temperature = 0.0;
+  options.lenience = 0.5;
+  check_error(
+      "D2", [&] { specdec::SpeculativeDecoder decoder(target, draft, options); },
+      errc::invalid_option, "needs temperature > 0");
+}
+
+TEST_CASE("D3 SpeculativeDecoder: gamma = 0 from the gamma policy at construction",
+          "[errors][speculative_decoder][gamma_policy]") {
+  ScriptedModel<float> target;
+  ScriptedModel<float> draft;
+  specdec::DecoderOptions options;
+  options.gamma_policy = TwoPhaseGamma{0, 1};
+  check_error(
+      "D3", [&] { specdec::SpeculativeDecoder decoder(target, draft, options); },
+      errc::invalid_option, "next_gamma() is 0, must be >= 1");
+}
+
+TEST_CASE("D4 SpeculativeDecoder: target vocabulary size 0", "[errors][speculative_decoder]") {
+  ScriptedModel<float> target;
+  target.reported_vocab = 0;
+  ScriptedModel<float> draft;
+  draft.reported_vocab = 0;
+  check_error(
+      "D4", [&] { specdec::SpeculativeDecoder decoder(target, draft); }, errc::invalid_size,
+      "target model: vocab_size() is 0");
+  ScriptedDrafter drafter;
+  check_error(
+      "D4", [&] { specdec::SpeculativeDecoder decoder(target, drafter); }, errc::invalid_size,
+      "vocab_size() is 0");
+}
+
+TEST_CASE("D5 SpeculativeDecoder: vocabulary mismatch between the models",
+          "[errors][speculative_decoder]") {
+  ScriptedModel<float> target;
+  ScriptedModel<float> draft;
+  draft.reported_vocab = 5;
+  check_error(
+      "D5", [&] { specdec::SpeculativeDecoder decoder(target, draft); }, errc::vocab_mismatch,
+      "draft model has vocab_size() 5 but the target model has 4");
+}
+
+TEST_CASE("D6 SpeculativeDecoder: stop token outside [0, V)", "[errors][speculative_decoder]") {
+  ScriptedModel<float> target;
+  ScriptedModel<float> draft;
+  for (const token_id stop : {4, -1}) {
+    specdec::DecoderOptions options;
+    options.stop_tokens = {0, stop};
+    check_error(
+        "D6", [&] { specdec::SpeculativeDecoder decoder(target, draft, options); },
+        errc::invalid_option, "decoder option stop_tokens: token ");
+  }
+}
+
+TEST_CASE("D7 SpeculativeDecoder: empty stop sequence or one with a token outside [0, V)",
+          "[errors][speculative_decoder]") {
+  ScriptedModel<float> target;
+  ScriptedModel<float> draft;
+  specdec::DecoderOptions empty;
+  empty.stop_sequences = {{1, 2}, {}};
+  check_error(
+      "D7", [&] { specdec::SpeculativeDecoder decoder(target, draft, empty); },
+      errc::invalid_option, "decoder option stop_sequences[1] is empty");
+  specdec::DecoderOptions outside;
+  outside.stop_sequences = {{1, 9}};
+  check_error(
+      "D7", [&] { specdec::SpeculativeDecoder decoder(target, draft, outside); },
+      errc::invalid_option, "stop_sequences[0]: token 9 is outside [0, 4)");
+}
+
+TEST_CASE("D8 SamplingOptions / Standardizer / SpeculativeDecoder: sampling option out of range",
+          "[errors][sampling][speculative_decoder]") {
+  const auto check = [](specdec::SamplingOptions sampling, const char* fragment) {
+    check_error(
+        "D8", [&] { sampling.validate(); }, errc::invalid_option, fragment);
+    check_error(
+        "D8", [&] { specdec::Standardizer<float> standardizer(sampling); }, errc::invalid_option,
+        fragment);
+    ScriptedModel<float> target;
+    ScriptedModel<float> draft;
+    specdec::DecoderOptions options;
+    options.sampling = sampling;
+    check_error(
+        "D8", [&] { specdec::SpeculativeDecoder decoder(target, draft, options); },
+        errc::invalid_option, fragment);
+  };
+  for (const double temperature : {-1.0, not_a_number, infinity}) {
+    check({.temperature = temperature}, "sampling option temperature = ");
+  }
+  for (const double top_p : {0.0, 1.5, not_a_number}) {
+    check({.top_p = top_p}, "sampling option top_p = ");
+  }
+  for (const double min_p : {-0.1, 1.5, not_a_number}) {
+    check({.min_p = min_p}, "sampling option min_p = ");
+  }
+}
+
+// --- generate() inputs ----------------------------------------------------------------------
+
+TEST_CASE("D9 generate: max_new_tokens = 0", "[errors][speculative_decoder]") {
+  ScriptedModel<float> target;
+  ScriptedModel<float> draft;
+  specdec::SpeculativeDecoder decoder(target, draft);
+  const auto result = decoder.generate(prompt, 0, std::uint64_t{1});
+  CHECK(result.tokens.empty());
+  CHECK(result.stop == specdec::stop_reason::max_new_tokens);
+  CHECK(target.calls == 0);
+  CHECK(draft.calls == 0);
+  specdec::xoshiro256pp g(1);
+  const auto step = decoder.step(prompt, g, 0);  // step() with no budget: the same
+  CHECK(step.tokens.empty());
+  CHECK(step.stop == specdec::stop_reason::max_new_tokens);
+}
+
+TEST_CASE("D10 generate: empty prompt", "[errors][speculative_decoder]") {
+  ScriptedModel<float> target;
+  ScriptedModel<float> draft;
+  specdec::SpeculativeDecoder decoder(target, draft, fixed(2));
+  const auto result = decoder.generate({}, 5, std::uint64_t{3});
+  CHECK(result.tokens.size() == 5);
+  REQUIRE_FALSE(target.contexts.empty());
+  CHECK(target.contexts.front().empty());  // the models see an empty context first
+  CHECK(draft.contexts.front().empty());
+}
+
+TEST_CASE("D11 generate: prompt ids outside [0, V) are passed to the models unchecked",
+          "[errors][speculative_decoder]") {
+  // Documented behaviour (docs/errors.md, finding F3): the decoder does not validate the
+  // prompt; a model that cannot handle an id must throw (it then surfaces as model_failure).
+  ScriptedModel<float> target;
+  ScriptedModel<float> draft;
+  specdec::SpeculativeDecoder decoder(target, draft, fixed(2));
+  const std::vector<token_id> wild{7, -3};
+  const auto result = decoder.generate(wild, 3, std::uint64_t{3});
+  CHECK(result.tokens.size() == 3);
+  for (const token_id token : result.tokens) CHECK((token >= 0 && token < 4));
+  CHECK(target.contexts.front() == wild);
+}
+
+// --- misbehaving models during generate() -------------------------------------------------
+
+TEMPLATE_TEST_CASE("D12 generate: a model row of the wrong length", "[errors][speculative_decoder]",
+                   float, double) {
+  ScriptedModel<TestType> target;
+  ScriptedModel<TestType> draft;
+  draft.fail_at = 0;
+  draft.how = fault::short_row;
+  specdec::SpeculativeDecoder decoder(target, draft, fixed(2));
+  check_error(
+      "D12", [&] { (void)decoder.generate(prompt, 8, std::uint64_t{1}); }, errc::invalid_size,
+      "draft row 0 (step 0, sequence position 2): has 3 entries, expected the vocabulary "
+      "size 4");
+  // Also with validate_rows off: sizes are always checked.
+  ScriptedModel<TestType> target2;
+  target2.fail_at = 2;
+  target2.how = fault::short_row;
+  ScriptedModel<TestType> draft2;
+  specdec::DecoderOptions options = fixed(2);
+  options.validate_rows = false;
+  specdec::SpeculativeDecoder unchecked(target2, draft2, options);
+  check_error(
+      "D12", [&] { (void)unchecked.generate(prompt, 8, std::uint64_t{1}); }, errc::invalid_size,
+      "target row 2 (step 0, sequence position 4): has 3 entries");
+}
+
+TEMPLATE_TEST_CASE("D13 generate: NaN, infinite or negative probability from a model",
+                   "[errors][speculative_decoder]", float, double) {
+  for (const fault how : {fault::nan_entry, fault::negative}) {
+    ScriptedModel<TestType> target;
+    target.fail_at = 1;
+    target.how = how;
+    ScriptedModel<TestType> draft;
+    specdec::SpeculativeDecoder decoder(target, draft, fixed(2));
+    check_error(
+        "D13", [&] { (void)decoder.generate(prompt, 8, std::uint64_t{1}); },
+        errc::invalid_probability,
+        how == fault::nan_entry
+            ? "target row 1 (step 0): entry for token 1 is NaN (sequence position 3)"
+            : "target row 1 (step 0): entry for token 1 is negative");
+  }
+}
+
+TEMPLATE_TEST_CASE("D14 generate: all-zero row from a model", "[errors][speculative_decoder]",
+                   float, double) {
+  ScriptedModel<TestType> target;
+  ScriptedModel<TestType> draft;
+  draft.fail_at = 1;
+  draft.how = fault::zero_row;
+  specdec::SpeculativeDecoder decoder(target, draft, fixed(3));
+  check_error(
+      "D14", [&] { (void)decoder.generate(prompt, 8, std::uint64_t{1}); }, errc::zero_mass,
+      "draft row 1 (step 0): all entries are zero (sequence position 3)");
+}
+
+TEMPLATE_TEST_CASE("D15 generate: row that does not sum to 1 from a model",
+                   "[errors][speculative_decoder]", float, double) {
+  ScriptedModel<TestType> target;
+  target.fail_at = 0;
+  target.how = fault::unnormalized;
+  ScriptedModel<TestType> draft;
+  specdec::SpeculativeDecoder decoder(target, draft, fixed(1));
+  check_error(
+      "D15", [&] { (void)decoder.generate(prompt, 8, std::uint64_t{1}); }, errc::not_normalized,
+      "target row 0 (step 0): entries sum to 1.5");
+}
+
+TEMPLATE_TEST_CASE("D16 generate: score_draft returns the wrong number of rows",
+                   "[errors][speculative_decoder]", float, double) {
+  for (const std::ptrdiff_t extra : {-1, 1}) {
+    ScriptedBatchedModel<TestType> target;
+    target.extra_rows = extra;
+    ScriptedModel<TestType> draft;
+    specdec::SpeculativeDecoder decoder(target, draft, fixed(2));
+    check_error(
+        "D16", [&] { (void)decoder.generate(prompt, 8, std::uint64_t{1}); }, errc::invalid_size,
+        extra < 0 ? "target rows (step 0): score_draft returned 2 x 4, expected 3 x 4"
+                  : "score_draft returned 4 x 4, expected 3 x 4");
+  }
+}
+
+TEST_CASE("D17 generate: a drafter proposing more tokens than asked for",
+          "[errors][speculative_decoder]") {
+  ScriptedModel<float> target;
+  ScriptedDrafter drafter;
+  drafter.overflow = true;
+  specdec::SpeculativeDecoder decoder(target, drafter, fixed(3));
+  check_error(
+      "D17", [&] { (void)decoder.generate(prompt, 8, std::uint64_t{1}); }, errc::invalid_size,
+      "the drafter proposed 4 tokens, more than the 3 asked for");
+}
+
+TEST_CASE("D18 generate: a drafter proposing a token id outside [0, V)",
+          "[errors][speculative_decoder]") {
+  for (const token_id bad : {4, -1}) {
+    ScriptedModel<float> target;
+    ScriptedDrafter drafter;
+    drafter.bad_at = 1;
+    drafter.bad_token = bad;
+    specdec::SpeculativeDecoder decoder(target, drafter, fixed(3));
+    check_error(
+        "D18", [&] { (void)decoder.generate(prompt, 8, std::uint64_t{1}); }, errc::invalid_token,
+        "draft row 1 (step 0, sequence position 3): proposed token ");
+  }
+  // A bad id after a stop token is never looked at (the proposal is cut at the stop token).
+  ScriptedModel<float> target;
+  ScriptedDrafter drafter;
+  drafter.count = 3;
+  drafter.bad_at = 2;
+  drafter.bad_token = -7;
+  specdec::DecoderOptions options = fixed(3);
+  options.stop_tokens = {static_cast<token_id>((prompt.back() + 2) % 4)};  // the 2nd proposal
+  specdec::SpeculativeDecoder decoder(target, drafter, options);
+  CHECK_NOTHROW(decoder.generate(prompt, 8, std::uint64_t{1}));
+}
+
+TEMPLATE_TEST_CASE("D19 generate: a model that throws inside a step",
+                   "[errors][speculative_decoder]", float, double) {
+  ScriptedModel<TestType> target;
+  ScriptedModel<TestType> draft;
+  specdec::SpeculativeDecoder decoder(target, draft, fixed(2));
+  // A first generation establishes what the decoder emits with these seeds.
+  const auto reference = decoder.generate(prompt, 12, std::uint64_t{9});
+  REQUIRE(reference.tokens.size() == 12);
+  decoder.reset_statistics();
+  // Fail in a later step (after a few steps have emitted tokens).
+  target.calls = 0;
+  target.fail_at = 7;
+  target.how = fault::throw_std;
+  std::vector<token_id> streamed;
+  std::string what;
+  std::size_t failed_step = 0;
+  std::vector<token_id> preserved;
+  try {
+    (void)decoder.generate(prompt, 12, std::uint64_t{9});
+  } catch (const specdec::decoding_error& e) {
+    what = e.what();
+    failed_step = e.step();
+    preserved.assign(e.tokens().begin(), e.tokens().end());
+    CHECK(e.code() == errc::model_failure);
+    // The model's exception is nested.
+    CHECK_THROWS_MATCHES(std::rethrow_if_nested(e), std::runtime_error,
+                         Catch::Matchers::Message("engine out of memory"));
+  }
+  specdec::testing::dump_error_message("D19", what);
+  CHECK_THAT(what, Catch::Matchers::StartsWith("specdec: model_failure: target row "));
+  CHECK_THAT(what, Catch::Matchers::ContainsSubstring("the model threw: engine out of memory"));
+  // Tokens generated before the failing step are preserved, and are a prefix of the
+  // reference (same seed): the failure did not disturb them.
+  CHECK(failed_step > 0);
+  REQUIRE_FALSE(preserved.empty());
+  CHECK(std::equal(preserved.begin(), preserved.end(), reference.tokens.begin()));
+  CHECK(std::equal(preserved.begin(), preserved.end(), decoder.generated().begin(),
+                   decoder.generated().end()));
+  // The failed step changed no statistics: only the completed steps are counted.
+  CHECK(decoder.statistics().steps == failed_step);
+  CHECK(decoder.statistics().emitted_tokens == preserved.size());
+  // The decoder remains usable: the same call now reproduces the reference.
+  target.fail_at = std::numeric_limits<std::size_t>::max();
+  CHECK(decoder.generate(prompt, 12, std::uint64_t{9}).tokens == reference.tokens);
+}
+
+TEST_CASE("D20 generate: a model that throws a non-std exception",
+          "[errors][speculative_decoder]") {
+  ScriptedModel<float> target;
+  ScriptedModel<float> draft;
+  draft.fail_at = 0;
+  draft.how = fault::throw_other;
+  specdec::SpeculativeDecoder decoder(target, draft, fixed(2));
+  check_error(
+      "D20", [&] { (void)decoder.generate(prompt, 8, std::uint64_t{1}); }, errc::model_failure,
+      "draft row 0 (step 0, sequence position 2): the model threw a "
+      "non-std exception");
+  try {
+    (void)decoder.generate(prompt, 8, std::uint64_t{1});
+  } catch (const specdec::decoding_error&) {
+    FAIL("the draft fails only on its first call");
+  }
+  ScriptedDrafter drafter;  // a drafter that throws is reported the same way
+  (void)drafter;
+}
+
+TEST_CASE("D21 generate: the on_token callback throws", "[errors][speculative_decoder]") {
+  struct callback_failure {};
+  ScriptedModel<float> target;
+  ScriptedModel<float> draft;
+  specdec::DecoderOptions options = fixed(2);
+  std::size_t seen = 0;
+  options.on_token = [&seen](const specdec::EmittedToken&) {
+    if (++seen == 4) throw callback_failure{};
+  };
+  specdec::SpeculativeDecoder decoder(target, draft, options);
+  // Propagates unchanged (not wrapped into a specdec::error) ...
+  CHECK_THROWS_AS(decoder.generate(prompt, 10, std::uint64_t{2}), callback_failure);
+  // ... and the tokens of the step whose callback threw are already in generated().
+  CHECK(decoder.generated().size() >= 4);
+}
+
+TEMPLATE_TEST_CASE("D22 step: a failing step emits nothing", "[errors][speculative_decoder]", float,
+                   double) {
+  ScriptedModel<TestType> target;
+  target.fail_at = 0;
+  target.how = fault::nan_entry;
+  ScriptedModel<TestType> draft;
+  specdec::SpeculativeDecoder decoder(target, draft, fixed(2));
+  specdec::xoshiro256pp g(4);
+  try {
+    (void)decoder.step(prompt, g);
+    FAIL("step() should throw");
+  } catch (const specdec::decoding_error& e) {
+    CHECK(e.code() == errc::invalid_probability);
+    CHECK(e.tokens().empty());
+  }
+  const auto next = decoder.step(prompt, g);  // usable afterwards
+  CHECK_FALSE(next.tokens.empty());
+}
+
+TEST_CASE("D23 generate: a gamma policy returning 0 after the first step",
+          "[errors][speculative_decoder][gamma_policy]") {
+  // Not an error: a step with gamma = 0 drafts nothing and emits one target token.
+  ScriptedModel<float> target;
+  ScriptedModel<float> draft;
+  specdec::DecoderOptions options;
+  options.gamma_policy = TwoPhaseGamma{2, 0};
+  specdec::SpeculativeDecoder decoder(target, draft, options);
+  const auto result = decoder.generate(prompt, 6, std::uint64_t{5});
+  CHECK(result.tokens.size() == 6);
+  CHECK(result.statistics.drafted_tokens <= 2);  // only the first step drafted
+  CHECK(result.statistics.steps == 1 + 6 - (result.statistics.accepted_tokens + 1));
+}
+
+// --- gamma policies -----------------------------------------------------------------------
+
+TEST_CASE("P1 FixedGamma: gamma = 0", "[errors][gamma_policy]") {
+  check_error(
+      "P1", [] { specdec::FixedGamma gamma(0); }, errc::invalid_option,
+      "FixedGamma: gamma must be >= 1");
+}
+
+TEST_CASE("P2 AdditiveGamma: bounds not ordered 1 <= min_gamma <= initial <= max_gamma",
+          "[errors][gamma_policy]") {
+  for (const auto& options :
+       {specdec::AdditiveGammaOptions{.initial = 4, .min_gamma = 0},
+        specdec::AdditiveGammaOptions{.initial = 1, .min_gamma = 2},
+        specdec::AdditiveGammaOptions{.initial = 20, .max_gamma = 16},
+        specdec::AdditiveGammaOptions{.initial = 4, .min_gamma = 8, .max_gamma = 6}}) {
+    check_error(
+        "P2", [&] { specdec::AdditiveGamma gamma(options); }, errc::invalid_option,
+        "AdditiveGamma: need 1 <= min_gamma <= initial <= max_gamma");
+  }
+}
+
+TEST_CASE("P3 ConfidenceStop: threshold outside [0, 1]", "[errors][gamma_policy]") {
+  for (const double threshold : {-0.1, 1.5, not_a_number}) {
+    check_error(
+        "P3", [&] { specdec::ConfidenceStop stop(threshold, std::size_t{4}); },
+        errc::invalid_option, "ConfidenceStop: threshold ");
+  }
+}
+
+TEST_CASE("P4 OptimalGammaController: option out of range", "[errors][gamma_policy]") {
+  const auto check = [](specdec::OptimalGammaOptions options, const char* fragment) {
+    check_error(
+        "P4", [&] { specdec::OptimalGammaController controller(options); }, errc::invalid_option,
+        fragment);
+  };
+  check({.max_gamma = 0}, "OptimalGammaController: max_gamma = 0 must be >= 1");
+  check({.prior_alpha = 1.5}, "prior_alpha = 1.5 must be in [0, 1]");
+  check({.prior_alpha = not_a_number}, "prior_alpha");
+  check({.prior_trials = -1.0}, "prior_trials = -1 must be finite and >= 0");
+  check({.prior_trials = infinity}, "prior_trials");
+  check({.forgetting = 0.0}, "forgetting = 0 must be in (0, 1]");
+  check({.forgetting = 1.5}, "forgetting");
+  check({.cost_ratio = -0.5}, "cost_ratio");
+  check({.cost_ratio = infinity}, "cost_ratio");
+}
