@@ -307,22 +307,34 @@ class Standardizer {
     const detail::more_probable_first<U> before{key.data()};
     const std::size_t size = key.size();
     if (k <= size / 16) {
-      // A heap of the k best so far with the worst on top: most entries fail one compare.
-      // Ids arrive in increasing order, so an equal key never displaces an earlier id.
+      // A heap of the k best so far with the worst on top. Ids arrive in increasing order,
+      // so an equal key never displaces an earlier id. Once the heap is full, blocks with
+      // no key above the worst kept one are skipped after one vectorizable count.
       U worst{};
-      for (std::size_t j = 0; j < size; ++j) {
-        const U value = key[j];
-        if (!(value > floor)) continue;
-        if (index_.size() < k) {
-          index_.push_back(static_cast<std::uint32_t>(j));
-          std::push_heap(index_.begin(), index_.end(), before);
-          worst = key[index_.front()];
-        } else if (value > worst) {
-          std::pop_heap(index_.begin(), index_.end(), before);
-          index_.back() = static_cast<std::uint32_t>(j);
-          std::push_heap(index_.begin(), index_.end(), before);
-          worst = key[index_.front()];
+      const auto offer = [&](std::size_t j) {
+        std::pop_heap(index_.begin(), index_.end(), before);
+        index_.back() = static_cast<std::uint32_t>(j);
+        std::push_heap(index_.begin(), index_.end(), before);
+        worst = key[index_.front()];
+      };
+      std::size_t j = 0;
+      for (; j < size && index_.size() < k; ++j) {
+        if (!(key[j] > floor)) continue;
+        index_.push_back(static_cast<std::uint32_t>(j));
+        std::push_heap(index_.begin(), index_.end(), before);
+        worst = key[index_.front()];
+      }
+      constexpr std::size_t block = 64;
+      for (; j + block <= size; j += block) {
+        unsigned above = 0;
+        for (std::size_t t = j; t < j + block; ++t) above += key[t] > worst ? 1U : 0U;
+        if (above == 0) continue;
+        for (std::size_t t = j; t < j + block; ++t) {
+          if (key[t] > worst) offer(t);
         }
+      }
+      for (; j < size; ++j) {
+        if (key[j] > worst) offer(j);
       }
       return;
     }

@@ -507,6 +507,10 @@ class SpeculativeDecoder {
                                    std::to_string(vocab_size_));
     }
     if (!options_.validate_rows) return;
+    // One vectorized pass decides the usual case; the full validator names any problem.
+    if (detail::plausible_probability_row(row.data(), row.size(), default_sum_tolerance<U>)) {
+      return;
+    }
     try {
       validate_probability_row(row, vocab_size_, RowLocation{model, step_index_, index});
     } catch (const error& e) {
