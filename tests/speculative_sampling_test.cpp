@@ -269,6 +269,32 @@ TEMPLATE_TEST_CASE("Rows come as RowsView, Eigen row-major matrices or mutable v
   CHECK(specdec::verify_speculative_checked(draft, q, p, a).accepted == 2);
   CHECK(specdec::verify_speculative_proposals(draft, p, a).accepted <= 2);
   CHECK(specdec::verify_speculative_proposals_checked(draft, p, a).accepted <= 2);
+  // Rows with a stride larger than V (padding poisoned with NaN) give the same results.
+  constexpr std::size_t stride = 8;
+  std::vector<T> padded_p(3 * stride, std::numeric_limits<T>::quiet_NaN());
+  std::vector<T> padded_q(2 * stride, std::numeric_limits<T>::quiet_NaN());
+  specdec::xoshiro256pp setup(12);
+  for (std::size_t i = 0; i < 3; ++i) {
+    for (std::size_t j = 0; j < 5; ++j) {
+      p(static_cast<Eigen::Index>(i), static_cast<Eigen::Index>(j)) =
+          static_cast<T>(0.1 + specdec::uniform01<double>(setup));
+      padded_p[i * stride + j] = p(static_cast<Eigen::Index>(i), static_cast<Eigen::Index>(j));
+      if (i == 2) continue;
+      q(static_cast<Eigen::Index>(i), static_cast<Eigen::Index>(j)) =
+          static_cast<T>(0.1 + specdec::uniform01<double>(setup));
+      padded_q[i * stride + j] = q(static_cast<Eigen::Index>(i), static_cast<Eigen::Index>(j));
+    }
+  }
+  const specdec::RowsView<const T> strided_p(padded_p.data(), 3, 5, stride);
+  const specdec::RowsView<const T> strided_q(padded_q.data(), 2, 5, stride);
+  for (std::uint64_t seed = 0; seed < 50; ++seed) {
+    specdec::xoshiro256pp dense_g(seed);
+    specdec::xoshiro256pp strided_g(seed);
+    CHECK(specdec::verify_speculative(draft, q, p, dense_g) ==
+          specdec::verify_speculative(draft, strided_q, strided_p, strided_g));
+    CHECK(specdec::verify_speculative_proposals(draft, p, dense_g) ==
+          specdec::verify_speculative_proposals(draft, strided_p, strided_g));
+  }
   // gamma = 0: the bonus token from p_1.
   const std::vector<token_id> none;
   const auto bonus = specdec::verify_speculative(none, q.topRows(0), p.topRows(1), a);

@@ -285,7 +285,7 @@ class residual_distribution {
   }
 
   param_type param_;
-  detail::mass_table table_;  // of the residual, or of p when fallback_
+  detail::mass_table table_{};  // of the residual, or of p when fallback_
   bool fallback_ = false;
   std::uint64_t fallback_count_ = 0;
 };

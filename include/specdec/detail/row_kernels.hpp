@@ -9,6 +9,7 @@
 #pragma once
 
 #include <Eigen/Core>
+#include <array>
 #include <cstddef>
 #include <limits>
 #include <utility>
@@ -188,8 +189,10 @@ struct mass_table {
   double total = 0.0;
   std::size_t superblock_elements = 0;  ///< a multiple of kernel_block
   std::size_t superblocks = 0;
-  /// cumulative_mass[s] = masses of superblocks 0..s, added in order in double.
-  std::array<double, max_superblocks> cumulative_mass{};
+  /// cumulative_mass[s] = masses of superblocks 0..s, added in order in double. Only the
+  /// first `superblocks` entries are written and read; a default-initialized table leaves
+  /// the array uninitialized so that a draw does not pay for clearing 2 KiB.
+  std::array<double, max_superblocks> cumulative_mass;
 
   /// Whether a draw is possible: a positive, finite total.
   [[nodiscard]] bool drawable() const noexcept {
