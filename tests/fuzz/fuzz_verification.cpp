@@ -1,0 +1,393 @@
+// libFuzzer harness: the checked verification entry points of the exact core
+// (verify_speculative_checked, verify_speculative_proposals_checked, verify_greedy_checked,
+// validate_probability_row, validate_token) and the samplers that must never leave [0, V)
+// (sample_from_row, sample_residual, sample_residual_one_hot, residual_distribution), fed
+// V, gamma, rows and draft tokens decoded from arbitrary bytes: NaN, Inf, negatives,
+// denormals, all-zero rows, rows off 1 by about the tolerance, wrong row counts and widths,
+// tokens out of range, V from 0 to 2^16 + 65 (V = 256k is covered by numerical_edges_test).
+//
+// Invariants (a violation aborts):
+//  - a malformed input throws specdec::error whose code is one the input actually violates
+//    (reference check in fuzz_support.hpp), with the documented message shape; a valid
+//    input never throws;
+//  - a valid input gives 0 <= n <= gamma, t in [0, V), source = bonus iff n = gamma,
+//    p_i(x_i) > 0 for every accepted draft, p_{n+1}(t) > 0; for lenience 1 without fallback
+//    a correction has p(t) > q(t) (one-hot drafts: t != x_{n+1}); greedy results equal a
+//    reference argmax; the checked and unchecked paths agree for equal seeds;
+//  - the samplers return tokens in [0, V) for any row, however malformed.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "fuzz_support.hpp"
+#include "specdec/error.hpp"
+#include "specdec/greedy_verification.hpp"
+#include "specdec/random.hpp"
+#include "specdec/residual_distribution.hpp"
+#include "specdec/rows.hpp"
+#include "specdec/speculative_sampling.hpp"
+#include "specdec/validation.hpp"
+#include "specdec/verification_result.hpp"
+
+namespace {
+
+using specdec::errc;
+using specdec::RowsView;
+using specdec::token_id;
+using specdec::fuzzing::check_error;
+using specdec::fuzzing::expected_row_error;
+
+// Memory cap: at most this many entries over all rows of one input (2 MiB of doubles).
+constexpr std::size_t max_entries = std::size_t{1} << 18;
+
+enum class entry_point : std::uint8_t {
+  speculative,
+  proposals,
+  greedy,
+  validate_row,
+  samplers,
+  count
+};
+
+std::size_t pick_vocab(FuzzedDataProvider& in) {
+  const int range = in.ConsumeIntegralInRange<int>(0, 31);
+  if (range == 31 && in.ConsumeIntegral<std::uint16_t>() != 0xA55A) return 42;
+  if (range < 4) return in.ConsumeIntegralInRange<std::size_t>(0, 3);  // tiny, V = 0 included
+  if (range < 20) return in.ConsumeIntegralInRange<std::size_t>(1, 16);
+  if (range < 28) return in.ConsumeIntegralInRange<std::size_t>(17, 300);
+  if (range < 31) return in.ConsumeIntegralInRange<std::size_t>(301, 5000);
+  // Huge, gated by a 16-bit magic value (each costs milliseconds under the sanitizers):
+  // around the sizes where the mass table's superblocks grow past one block each.
+  static constexpr std::size_t bases[] = {16384, 16384, 32768, 65536};
+  const std::size_t base = bases[in.ConsumeIntegralInRange<std::size_t>(0, std::size(bases) - 1)];
+  return base + in.ConsumeIntegralInRange<std::size_t>(0, 130) - 65;
+}
+
+// A block of `rows` rows of width `width`, each filled by its own kind.
+template <class T>
+std::vector<T> make_rows(FuzzedDataProvider& in, std::size_t rows, std::size_t width) {
+  std::vector<T> data(rows * width);
+  for (std::size_t i = 0; i < rows; ++i) {
+    const std::span<T> row(data.data() + i * width, width);
+    const std::span<const T> previous =
+        i == 0 ? std::span<const T>() : std::span<const T>(data.data() + (i - 1) * width, width);
+    specdec::fuzzing::fill_row(in, specdec::fuzzing::pick_row_kind(in), row, previous);
+  }
+  return data;
+}
+
+// Draft tokens: in range most of the time, sampled from q when asked, or any int32.
+template <class T>
+std::vector<token_id> make_tokens(FuzzedDataProvider& in, std::size_t gamma, std::size_t vocab,
+                                  const std::vector<T>* draft_rows, std::size_t draft_width) {
+  std::vector<token_id> tokens(gamma);
+  const int mode = in.ConsumeIntegralInRange<int>(0, 9);
+  specdec::xoshiro256pp g(in.ConsumeIntegral<std::uint64_t>());
+  for (std::size_t i = 0; i < gamma; ++i) {
+    if (mode == 0) {
+      tokens[i] = in.ConsumeIntegral<token_id>();
+    } else if (mode <= 4 && draft_rows != nullptr && draft_width == vocab && vocab > 0 &&
+               (i + 1) * draft_width <= draft_rows->size()) {
+      const std::span<const T> q(draft_rows->data() + i * draft_width, draft_width);
+      tokens[i] = specdec::sample_from_row(q, g);
+    } else if (vocab > 0) {
+      tokens[i] = static_cast<token_id>(in.ConsumeIntegralInRange<std::size_t>(0, vocab - 1));
+    } else {
+      tokens[i] = 0;
+    }
+  }
+  return tokens;
+}
+
+bool token_in_range(token_id token, std::size_t vocab) {
+  return token >= 0 && static_cast<std::size_t>(token) < vocab;
+}
+
+// Shape problems shared by the verifiers, and the row problems of a block of rows.
+template <class T>
+void add_row_errors(std::vector<errc>& problems, bool& ambiguous, const std::vector<T>& data,
+                    std::size_t rows, std::size_t width, std::size_t vocab) {
+  for (std::size_t i = 0; i < rows; ++i) {
+    const std::span<const T> row(data.data() + i * width, width);
+    if (const auto code =
+            expected_row_error(row, vocab, specdec::default_sum_tolerance<T>, ambiguous)) {
+      problems.push_back(*code);
+    }
+  }
+}
+
+// One stochastic step (with draft rows, or proposal-only with `proposals`).
+template <class T>
+void fuzz_speculative(FuzzedDataProvider& in, bool proposals) {
+  const std::size_t vocab = pick_vocab(in);
+  std::size_t gamma = in.ConsumeIntegralInRange<std::size_t>(0, 12);
+  while (gamma > 0 && (2 * gamma + 2) * (vocab + 1) > max_entries) --gamma;
+  // Shape mutations (rare): wrong row counts, a draft width differing from the target's.
+  const std::uint8_t shape = in.ConsumeIntegral<std::uint8_t>();
+  std::size_t target_count = gamma + 1;
+  std::size_t draft_count = gamma;
+  std::size_t draft_width = vocab;
+  if (shape >= 200) {
+    switch (shape % 6) {
+      case 0:
+        target_count = gamma;
+        break;
+      case 1:
+        target_count = gamma + 2;
+        break;
+      case 2:
+        draft_count = gamma + 1;
+        break;
+      case 3:
+        draft_count = gamma == 0 ? 1 : gamma - 1;
+        break;
+      case 4:
+        draft_width = vocab + 1;
+        break;
+      default:
+        draft_width = vocab == 0 ? 0 : vocab - 1;
+        break;
+    }
+  }
+  double lenience = 1.0;
+  const std::uint8_t lenience_kind = in.ConsumeIntegral<std::uint8_t>();
+  if (lenience_kind >= 192) {
+    static constexpr double choices[] = {0.5, 0.999, 1e-300, 0.0, -1.0, 1.0000001, 2.0};
+    lenience = lenience_kind >= 250 ? specdec::fuzzing::special_value<double>(in)
+                                    : choices[lenience_kind % std::size(choices)];
+  }
+  const std::vector<T> target = make_rows<T>(in, target_count, vocab);
+  const std::vector<T> draft =
+      proposals ? std::vector<T>() : make_rows<T>(in, draft_count, draft_width);
+  const std::vector<token_id> tokens =
+      make_tokens<T>(in, gamma, vocab, proposals ? nullptr : &draft, draft_width);
+  const std::uint64_t seed = in.ConsumeIntegral<std::uint64_t>();
+
+  // The problems this input has, as the checked entry point documents them.
+  std::vector<errc> problems;
+  bool ambiguous = false;
+  if (!(lenience > 0.0 && lenience <= 1.0)) problems.push_back(errc::domain);
+  if (!proposals && draft_width != vocab && draft_count != 0)
+    problems.push_back(errc::vocab_mismatch);
+  if (target_count != gamma + 1 || vocab == 0) problems.push_back(errc::invalid_size);
+  if (!proposals && draft_count != gamma) problems.push_back(errc::invalid_size);
+  add_row_errors(problems, ambiguous, target, target_count, vocab, vocab);
+  if (!proposals) add_row_errors(problems, ambiguous, draft, draft_count, draft_width, vocab);
+  for (const token_id token : tokens) {
+    if (!token_in_range(token, vocab)) problems.push_back(errc::invalid_token);
+  }
+
+  const RowsView<const T> target_rows(target.data(), target_count, vocab);
+  const RowsView<const T> draft_rows(draft.data(), proposals ? 0 : draft_count, draft_width);
+  const specdec::SpeculativeSamplingOptions options{lenience};
+  specdec::xoshiro256pp g(seed);
+  specdec::VerificationResult result;
+  try {
+    result = proposals
+                 ? specdec::verify_speculative_proposals_checked(std::span<const token_id>(tokens),
+                                                                 target_rows, g, options, 3)
+                 : specdec::verify_speculative_checked(std::span<const token_id>(tokens),
+                                                       draft_rows, target_rows, g, options, 3);
+  } catch (const specdec::error& e) {
+    if (!(ambiguous && problems.empty())) check_error(e, problems);
+    return;
+  }
+  SPECDEC_FUZZ_CHECK(problems.empty() || ambiguous);
+
+  // Valid input: the result's invariants.
+  SPECDEC_FUZZ_CHECK(result.accepted <= gamma);
+  SPECDEC_FUZZ_CHECK(token_in_range(result.token, vocab));
+  SPECDEC_FUZZ_CHECK((result.source == specdec::token_source::bonus) == (result.accepted == gamma));
+  SPECDEC_FUZZ_CHECK(result.source != specdec::token_source::draft);
+  for (std::size_t i = 0; i < result.accepted; ++i) {
+    SPECDEC_FUZZ_CHECK(target_rows(i, static_cast<std::size_t>(tokens[i])) > T(0));
+  }
+  const std::size_t n = result.accepted;
+  const auto t = static_cast<std::size_t>(result.token);
+  SPECDEC_FUZZ_CHECK(target_rows(n, t) > T(0));
+  if (result.source == specdec::token_source::bonus) SPECDEC_FUZZ_CHECK(!result.residual_fallback);
+  if (result.source == specdec::token_source::correction && lenience == 1.0 &&
+      !result.residual_fallback) {
+    if (proposals) {
+      SPECDEC_FUZZ_CHECK(result.token != tokens[n]);
+    } else {
+      SPECDEC_FUZZ_CHECK(target_rows(n, t) > draft_rows(n, t));
+    }
+  }
+  // The unchecked fast path with the same seed gives the same result.
+  specdec::xoshiro256pp again(seed);
+  const specdec::VerificationResult unchecked =
+      proposals ? specdec::verify_speculative_proposals(std::span<const token_id>(tokens),
+                                                        target_rows, again, options)
+                : specdec::verify_speculative(std::span<const token_id>(tokens), draft_rows,
+                                              target_rows, again, options);
+  SPECDEC_FUZZ_CHECK(unchecked == result);
+}
+
+// Lowest id among the maxima (reference for greedy verification).
+template <class T>
+token_id reference_argmax(std::span<const T> row) {
+  std::size_t best = 0;
+  for (std::size_t j = 1; j < row.size(); ++j) {
+    if (row[j] > row[best]) best = j;
+  }
+  return static_cast<token_id>(best);
+}
+
+template <class T>
+void fuzz_greedy(FuzzedDataProvider& in) {
+  const std::size_t vocab = pick_vocab(in);
+  std::size_t gamma = in.ConsumeIntegralInRange<std::size_t>(0, 12);
+  while (gamma > 0 && (gamma + 2) * (vocab + 1) > max_entries) --gamma;
+  const std::uint8_t shape = in.ConsumeIntegral<std::uint8_t>();
+  std::size_t target_count = gamma + 1;
+  if (shape >= 220) target_count = shape % 2 == 0 ? gamma : gamma + 2;
+  const std::vector<T> target = make_rows<T>(in, target_count, vocab);
+  std::vector<token_id> tokens = make_tokens<T>(in, gamma, vocab, nullptr, vocab);
+  // Often draft the target's own argmax, so that long acceptances happen.
+  if (vocab > 0 && in.ConsumeBool()) {
+    const std::size_t agree = in.ConsumeIntegralInRange<std::size_t>(0, gamma);
+    for (std::size_t i = 0; i < agree && i < target_count; ++i) {
+      tokens[i] = reference_argmax(std::span<const T>(target.data() + i * vocab, vocab));
+    }
+  }
+
+  std::vector<errc> problems;
+  bool ambiguous = false;
+  if (target_count != gamma + 1 || vocab == 0) problems.push_back(errc::invalid_size);
+  add_row_errors(problems, ambiguous, target, target_count, vocab, vocab);
+  for (const token_id token : tokens) {
+    if (!token_in_range(token, vocab)) problems.push_back(errc::invalid_token);
+  }
+  const RowsView<const T> target_rows(target.data(), target_count, vocab);
+  specdec::VerificationResult result;
+  try {
+    result = specdec::verify_greedy_checked(std::span<const token_id>(tokens), target_rows, 5);
+  } catch (const specdec::error& e) {
+    if (!(ambiguous && problems.empty())) check_error(e, problems);
+    return;
+  }
+  SPECDEC_FUZZ_CHECK(problems.empty() || ambiguous);
+  // Exact reference: accept while x_i is the argmax, then the argmax of the next row.
+  std::size_t accepted = 0;
+  while (accepted < gamma && tokens[accepted] == reference_argmax(target_rows.row(accepted))) {
+    ++accepted;
+  }
+  SPECDEC_FUZZ_CHECK(result.accepted == accepted);
+  SPECDEC_FUZZ_CHECK(result.token == reference_argmax(target_rows.row(accepted)));
+  SPECDEC_FUZZ_CHECK(!result.residual_fallback);
+  SPECDEC_FUZZ_CHECK((result.source == specdec::token_source::bonus) == (accepted == gamma));
+  SPECDEC_FUZZ_CHECK(specdec::verify_greedy(std::span<const token_id>(tokens), target_rows) ==
+                     result);
+}
+
+template <class T>
+void fuzz_validate_row(FuzzedDataProvider& in) {
+  const std::size_t vocab = pick_vocab(in);
+  std::size_t width = vocab;
+  const std::uint8_t shape = in.ConsumeIntegral<std::uint8_t>();
+  if (shape >= 224) width = shape % 2 == 0 ? vocab + 1 : (vocab == 0 ? 0 : vocab - 1);
+  std::vector<T> row(width);
+  specdec::fuzzing::fill_row(in, specdec::fuzzing::pick_row_kind(in), std::span<T>(row),
+                             std::span<const T>());
+  // Tolerance: the default, or any non-negative value the caller might pass.
+  double tolerance = specdec::default_sum_tolerance<T>;
+  if (in.ConsumeBool()) tolerance = std::abs(specdec::fuzzing::special_value<double>(in));
+  if (std::isnan(tolerance)) tolerance = 0.0;
+  bool ambiguous = false;
+  const auto expected = expected_row_error(std::span<const T>(row), vocab, tolerance, ambiguous);
+  try {
+    specdec::validate_probability_row(std::span<const T>(row), vocab,
+                                      specdec::RowLocation{"target", 7, 2}, tolerance);
+  } catch (const specdec::error& e) {
+    if (!ambiguous || expected) {
+      SPECDEC_FUZZ_CHECK(expected.has_value());
+      check_error(e, {*expected});
+    }
+    return;
+  }
+  SPECDEC_FUZZ_CHECK(!expected || ambiguous);
+
+  const auto token = in.ConsumeIntegral<token_id>();
+  try {
+    specdec::validate_token(token, vocab, specdec::RowLocation{"draft", 1, 0});
+  } catch (const specdec::error& e) {
+    check_error(e, {errc::invalid_token});
+    SPECDEC_FUZZ_CHECK(!token_in_range(token, vocab));
+    return;
+  }
+  SPECDEC_FUZZ_CHECK(token_in_range(token, vocab));
+}
+
+// The samplers promise an index in [0, V) for any row, however malformed.
+template <class T>
+void fuzz_samplers(FuzzedDataProvider& in) {
+  std::size_t vocab = pick_vocab(in);
+  if (vocab == 0) vocab = 1;
+  if (2 * vocab > max_entries) vocab = max_entries / 2;
+  std::vector<T> target(vocab);
+  std::vector<T> draft(vocab);
+  specdec::fuzzing::fill_row(in, specdec::fuzzing::pick_row_kind(in), std::span<T>(target),
+                             std::span<const T>());
+  specdec::fuzzing::fill_row(in, specdec::fuzzing::pick_row_kind(in), std::span<T>(draft),
+                             std::span<const T>(target));
+  double lenience = 1.0;
+  if (in.ConsumeBool()) {
+    static constexpr double choices[] = {0.5, 0.999, 1e-300, 0.25, 1.0};
+    lenience = choices[in.ConsumeIntegralInRange<std::size_t>(0, std::size(choices) - 1)];
+  }
+  const auto drafted = static_cast<token_id>(in.ConsumeIntegralInRange<std::size_t>(0, vocab - 1));
+  specdec::xoshiro256pp g(in.ConsumeIntegral<std::uint64_t>());
+  const std::span<const T> p(target);
+  const std::span<const T> q(draft);
+  SPECDEC_FUZZ_CHECK(token_in_range(specdec::sample_from_row(p, g), vocab));
+  const specdec::ResidualDraw residual = specdec::sample_residual(p, q, g, lenience);
+  SPECDEC_FUZZ_CHECK(token_in_range(residual.token, vocab));
+  const specdec::ResidualDraw one_hot = specdec::sample_residual_one_hot(p, drafted, g, lenience);
+  SPECDEC_FUZZ_CHECK(token_in_range(one_hot.token, vocab));
+  specdec::residual_distribution<T> distribution(p, q, lenience);
+  for (int k = 0; k < 3; ++k) SPECDEC_FUZZ_CHECK(token_in_range(distribution(g), vocab));
+  if (!distribution.falls_back()) {
+    SPECDEC_FUZZ_CHECK(distribution.mass() > 0.0 && std::isfinite(distribution.mass()));
+  }
+}
+
+template <class T>
+void run(FuzzedDataProvider& in, entry_point entry) {
+  switch (entry) {
+    case entry_point::speculative:
+      fuzz_speculative<T>(in, false);
+      break;
+    case entry_point::proposals:
+      fuzz_speculative<T>(in, true);
+      break;
+    case entry_point::greedy:
+      fuzz_greedy<T>(in);
+      break;
+    case entry_point::validate_row:
+      fuzz_validate_row<T>(in);
+      break;
+    case entry_point::samplers:
+    case entry_point::count:
+      fuzz_samplers<T>(in);
+      break;
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  FuzzedDataProvider in(data, size);
+  const auto selector = in.ConsumeIntegral<std::uint8_t>();
+  const auto entry =
+      static_cast<entry_point>((selector >> 1U) % static_cast<std::uint8_t>(entry_point::count));
+  if ((selector & 1U) == 0) {
+    run<float>(in, entry);
+  } else {
+    run<double>(in, entry);
+  }
+  return 0;
+}
