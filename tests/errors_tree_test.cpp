@@ -1,0 +1,225 @@
+// Bad-input catalogue, token trees (docs/errors.md, rows T*): TreeShape, DraftTree,
+// build_sampled_tree, verify_tree_checked, verify_tree_greedy_checked. One test case per
+// catalogue row.
+#include <catch2/catch_test_macros.hpp>
+
+#include <cstddef>
+#include <limits>
+#include <span>
+#include <vector>
+
+#include "errors_catalogue.hpp"
+#include "specdec/draft_tree.hpp"
+#include "specdec/error.hpp"
+#include "specdec/random.hpp"
+#include "specdec/rows.hpp"
+#include "specdec/tree_verification.hpp"
+
+namespace {
+
+using specdec::errc;
+using specdec::token_id;
+using specdec::testing::check_error;
+using Tree = specdec::DraftTree<double>;
+constexpr std::size_t npos = Tree::npos;
+
+// A draft LanguageModel over V = 4 returning a fixed row (valid unless changed).
+struct FixedRowModel {
+  std::vector<double> row{0.25, 0.25, 0.25, 0.25};
+  std::size_t vocab = 4;
+  [[nodiscard]] std::size_t vocab_size() const { return vocab; }
+  std::span<const double> next_token_probabilities(std::span<const token_id>) { return row; }
+};
+
+// A tree over V = 4: root sampled without replacement from q = (0.5, 0.5, 0, 0) with
+// children 0 and 1.
+Tree two_children() {
+  Tree tree(4);
+  const std::vector<double> q{0.5, 0.5, 0.0, 0.0};
+  tree.expand(Tree::root, specdec::expansion::without_replacement, q);
+  tree.add_child(Tree::root, 0);
+  tree.add_child(Tree::root, 1);
+  return tree;
+}
+
+// Valid target rows for a tree of `nodes` nodes.
+std::vector<double> uniform_rows(std::size_t nodes) {
+  return std::vector<double>(nodes * 4, 0.25);
+}
+
+}  // namespace
+
+TEST_CASE("T1 TreeShape: a level with no children, too many nodes, or bad parents",
+          "[errors][draft_tree]") {
+  check_error(
+      "T1",
+      [] {
+        (void)specdec::TreeShape::branching({2, 0, 1});
+      },
+      errc::invalid_option, "TreeShape::branching: entry 1 (depth 1) is 0");
+  check_error(
+      "T1",
+      [] {
+        (void)specdec::TreeShape::branching({1000, 1000});
+      },
+      errc::invalid_option, "TreeShape::branching: more than ");
+  check_error(
+      "T1", [] { (void)specdec::TreeShape::chain(std::size_t{1} << 20); }, errc::invalid_option,
+      "TreeShape::chain: ");
+  check_error(
+      "T1",
+      [] {
+        (void)specdec::TreeShape::from_parents({0, 0});
+      },
+      errc::invalid_option, "TreeShape::from_parents: entry 0 must be npos (the root)");
+  check_error(
+      "T1",
+      [] {
+        (void)specdec::TreeShape::from_parents({npos, 0, 2});
+      },
+      errc::invalid_option, "TreeShape::from_parents: node 2 has parent 2");
+}
+
+TEST_CASE("T2 DraftTree::expand: bad node, wrong row length, wrong kind, expanded twice",
+          "[errors][draft_tree]") {
+  Tree tree(4);
+  const std::vector<double> q{0.25, 0.25, 0.25, 0.25};
+  const std::vector<double> short_q{0.5, 0.5};
+  check_error(
+      "T2", [&] { tree.expand(5, specdec::expansion::with_replacement, q); }, errc::invalid_size,
+      "DraftTree::expand: node 5 does not exist (the tree has 1 nodes)");
+  check_error(
+      "T2", [&] { tree.expand(Tree::root, specdec::expansion::with_replacement, short_q); },
+      errc::invalid_size, "DraftTree::expand: draft row of node 0 has 2 entries");
+  check_error(
+      "T2", [&] { tree.expand(Tree::root, specdec::expansion::one_hot, q); }, errc::invalid_option,
+      "a q row belongs to with_replacement or without_replacement");
+  check_error(
+      "T2", [&] { tree.expand(Tree::root, specdec::expansion::with_replacement); },
+      errc::invalid_option, "needs the q row its children are drawn from");
+  tree.expand(Tree::root, specdec::expansion::with_replacement, q);
+  check_error(
+      "T2", [&] { tree.expand(Tree::root, specdec::expansion::with_replacement, q); },
+      errc::invalid_option, "DraftTree::expand: node 0");
+}
+
+TEST_CASE("T3 DraftTree::add_child / add_repeat / insert_path: misuse", "[errors][draft_tree]") {
+  Tree tree(4);
+  check_error(
+      "T3", [&] { (void)tree.add_child(Tree::root, 1); }, errc::invalid_option,
+      "DraftTree::add_child: node 0 is not expanded; call expand() first");
+  tree.expand(Tree::root, specdec::expansion::one_hot);
+  for (const token_id bad : {4, -1}) {
+    check_error(
+        "T3", [&] { (void)tree.add_child(Tree::root, bad); }, errc::invalid_token,
+        "DraftTree::add_child: token ");
+  }
+  check_error(
+      "T3", [&] { (void)tree.add_child(9, 1); }, errc::invalid_size,
+      "DraftTree::add_child: node 9 does not exist");
+  check_error(
+      "T3", [&] { tree.add_repeat(Tree::root); }, errc::invalid_option,
+      "DraftTree::add_repeat: node 0 is not a with_replacement node with children");
+  Tree sampled = two_children();
+  const std::vector<token_id> path{2};
+  check_error(
+      "T3", [&] { (void)sampled.insert_path(path); }, errc::invalid_option,
+      "DraftTree::insert_path: node 0 has sampled children");
+}
+
+TEST_CASE("T4 build_sampled_tree: invalid q row from the draft model", "[errors][draft_tree]") {
+  FixedRowModel draft;
+  draft.row = {0.5, 0.5, 0.5, 0.0};
+  Tree tree;
+  specdec::DraftTreeWorkspace<double> workspace;
+  specdec::xoshiro256pp g(1);
+  const std::vector<token_id> context{1};
+  const auto shape = specdec::TreeShape::branching({2});
+  check_error(
+      "T4",
+      [&] {
+        (void)specdec::build_sampled_tree(draft, std::span<const token_id>(context), shape, g, tree,
+                                          workspace);
+      },
+      errc::not_normalized, "draft row 0: entries sum to 1.5");
+}
+
+TEST_CASE("T5 verify_tree_checked / verify_tree_greedy_checked: row width or count wrong",
+          "[errors][tree_verification]") {
+  const Tree tree = two_children();
+  specdec::TreeVerificationWorkspace<double> workspace;
+  specdec::xoshiro256pp g(2);
+  const std::vector<double> wide(3 * 5, 0.2);
+  check_error(
+      "T5",
+      [&] {
+        (void)specdec::verify_tree_checked(tree, specdec::RowsView<const double>(wide.data(), 3, 5),
+                                           g, workspace, 6);
+      },
+      errc::vocab_mismatch, "target rows have 5 entries but the draft tree's vocabulary size is 4");
+  const std::vector<double> two = uniform_rows(2);
+  check_error(
+      "T5",
+      [&] {
+        (void)specdec::verify_tree_greedy_checked(
+            tree, specdec::RowsView<const double>(two.data(), 2, 4), 6);
+      },
+      errc::invalid_size, "target rows (step 6): got 2 rows, expected 3");
+}
+
+TEST_CASE("T6 verify_tree_checked: invalid target or stored q row", "[errors][tree_verification]") {
+  const Tree tree = two_children();
+  specdec::TreeVerificationWorkspace<double> workspace;
+  specdec::xoshiro256pp g(3);
+  std::vector<double> rows = uniform_rows(3);
+  rows[4 + 2] = std::numeric_limits<double>::quiet_NaN();
+  check_error(
+      "T6",
+      [&] {
+        (void)specdec::verify_tree_checked(tree, specdec::RowsView<const double>(rows.data(), 3, 4),
+                                           g, workspace, 6);
+      },
+      errc::invalid_probability, "target row 1 (step 6): entry for token 2 is NaN");
+  Tree bad_q(4);
+  const std::vector<double> q{0.5, 0.7, 0.0, 0.0};  // sums to 1.2
+  bad_q.expand(Tree::root, specdec::expansion::with_replacement, q);
+  bad_q.add_child(Tree::root, 0);
+  const std::vector<double> valid = uniform_rows(2);
+  check_error(
+      "T6",
+      [&] {
+        (void)specdec::verify_tree_checked(
+            bad_q, specdec::RowsView<const double>(valid.data(), 2, 4), g, workspace, 6);
+      },
+      errc::not_normalized, "draft row 0 (step 6): entries sum to 1.2");
+}
+
+TEST_CASE("T7 verify_tree_checked: a sampled child its q cannot produce",
+          "[errors][tree_verification]") {
+  specdec::TreeVerificationWorkspace<double> workspace;
+  specdec::xoshiro256pp g(4);
+  const std::vector<double> q{0.5, 0.5, 0.0, 0.0};
+  Tree zero_q(4);
+  zero_q.expand(Tree::root, specdec::expansion::with_replacement, q);
+  zero_q.add_child(Tree::root, 3);  // q(3) = 0
+  const std::vector<double> rows = uniform_rows(2);
+  check_error(
+      "T7",
+      [&] {
+        (void)specdec::verify_tree_checked(
+            zero_q, specdec::RowsView<const double>(rows.data(), 2, 4), g, workspace, 1);
+      },
+      errc::invalid_token, "draft node 1 (step 1): token 3 has q = 0 at its parent 0");
+  Tree repeated(4);
+  repeated.expand(Tree::root, specdec::expansion::without_replacement, q);
+  repeated.add_child(Tree::root, 1);
+  repeated.add_child(Tree::root, 1);
+  const std::vector<double> three = uniform_rows(3);
+  check_error(
+      "T7",
+      [&] {
+        (void)specdec::verify_tree_checked(
+            repeated, specdec::RowsView<const double>(three.data(), 3, 4), g, workspace, 1);
+      },
+      errc::invalid_token, "token 1 repeats sibling 1 under a without_replacement node");
+}
