@@ -2,11 +2,17 @@
 # Installs missing dependencies (Debian), then builds and runs every specdec test:
 #   GCC (Release) and Clang (assertions on) builds with all tests and examples,
 #   an ASan+UBSan build with all tests, the CMake consumer projects (find_package after
-#   install, and add_subdirectory), and every benchmark binary run briefly.
+#   install, and add_subdirectory), every benchmark binary run briefly, a ThreadSanitizer
+#   build of the thread-safety tests (build/tsan, target thread_safety_test only), and the
+#   libFuzzer harnesses of tests/fuzz built with -fsanitize=fuzzer,address,undefined
+#   (build/fuzz) and run for SPECDEC_FUZZ_SECONDS each from a temporary copy of the
+#   committed seed corpus (a crash or invariant violation fails the stage; the input is
+#   kept under build/fuzz/artifacts).
 # Exits non-zero on any failure; the last lines summarise each stage.
 #
 # Environment: SPECDEC_JOBS (parallel jobs, default nproc), SPECDEC_CONFIGS (default
-# "gcc clang asan"), SPECDEC_SKIP_CONSUMERS=1, SPECDEC_SKIP_BENCHMARKS=1.
+# "gcc clang asan"), SPECDEC_SKIP_CONSUMERS=1, SPECDEC_SKIP_BENCHMARKS=1,
+# SPECDEC_SKIP_TSAN=1, SPECDEC_SKIP_FUZZ=1, SPECDEC_FUZZ_SECONDS (default 60).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -111,6 +117,80 @@ if [ "${SPECDEC_SKIP_BENCHMARKS:-0}" != 1 ] && [ -d build/gcc/benchmarks ]; then
   fi
   total_passed=$((total_passed + ran - bad))
   total_failed=$((total_failed + bad))
+fi
+
+if [ "${SPECDEC_SKIP_TSAN:-0}" != 1 ]; then
+  stage "tsan: ThreadSanitizer build of the thread-safety tests"
+  t0=$(date +%s)
+  log=build/tsan.log
+  if cmake -S . -B build/tsan -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DSPECDEC_WERROR=ON \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
+    -DCMAKE_CXX_FLAGS="-fsanitize=thread" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" \
+    -DSPECDEC_BUILD_BENCHMARKS=OFF -DSPECDEC_BUILD_EXAMPLES=OFF >"$log" 2>&1 &&
+    cmake --build build/tsan --target thread_safety_test -j "$jobs" >>"$log" 2>&1 &&
+    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+      build/tsan/tests/thread_safety_test >>"$log" 2>&1; then
+    cases=$(sed -n 's/.*assertions in \([0-9]*\) test cases.*/\1/p' "$log" | tail -n1)
+    cases=${cases:-1}
+    total_passed=$((total_passed + cases))
+    record ok "tsan: $cases thread-safety test cases, no data race ($(($(date +%s) - t0))s)"
+  else
+    tail -n 40 "$log"
+    total_failed=$((total_failed + 1))
+    record FAIL "tsan: thread-safety tests (see $log)"
+  fi
+fi
+
+if [ "${SPECDEC_SKIP_FUZZ:-0}" != 1 ]; then
+  stage "fuzz: libFuzzer harnesses, ${SPECDEC_FUZZ_SECONDS:-60}s each from the seed corpus"
+  t0=$(date +%s)
+  fuzz_seconds=${SPECDEC_FUZZ_SECONDS:-60}
+  harnesses="fuzz_verification fuzz_decoder"
+  log=build/fuzz.log
+  mkdir -p build/fuzz/artifacts
+  if cmake -S . -B build/fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DSPECDEC_WERROR=ON \
+    -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g" \
+    -DSPECDEC_BUILD_FUZZERS=ON -DSPECDEC_BUILD_BENCHMARKS=OFF -DSPECDEC_BUILD_EXAMPLES=OFF \
+    >"$log" 2>&1 && cmake --build build/fuzz --target $harnesses -j "$jobs" >>"$log" 2>&1; then
+    # One harness per core: with 2 or more jobs both run at once.
+    work=$(mktemp -d)
+    pids=()
+    for harness in $harnesses; do
+      mkdir -p "$work/$harness"
+      cp tests/fuzz/corpus/$harness/* "$work/$harness/"
+      build/fuzz/tests/fuzz/$harness -max_total_time="$fuzz_seconds" -max_len=512 \
+        -rss_limit_mb=2048 -print_final_stats=1 \
+        -artifact_prefix="build/fuzz/artifacts/$harness-" "$work/$harness" \
+        >"build/fuzz/$harness.log" 2>&1 &
+      pids+=($!)
+      [ "$jobs" -ge 2 ] || wait "${pids[-1]}"
+    done
+    i=0
+    for harness in $harnesses; do
+      wait "${pids[$i]}"
+      status=$?
+      i=$((i + 1))
+      summary_line=$(grep -aE '^#[0-9]+[[:space:]]+DONE' "build/fuzz/$harness.log" | tail -n1 |
+        sed 's/.*DONE[[:space:]]*//')
+      execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "build/fuzz/$harness.log")
+      if [ "$status" -eq 0 ]; then
+        echo "$harness: ok, ${execs:-?} runs, $summary_line"
+        total_passed=$((total_passed + 1))
+        record ok "fuzz: $harness ${fuzz_seconds}s, ${execs:-?} runs, no finding (${summary_line%% corp:*})"
+      else
+        grep -E 'invariant violated|assertion failed|ERROR|SUMMARY|Test unit written' \
+          "build/fuzz/$harness.log" | head -n 20
+        total_failed=$((total_failed + 1))
+        record FAIL "fuzz: $harness found a crash (build/fuzz/$harness.log, build/fuzz/artifacts)"
+      fi
+    done
+    rm -rf "$work"
+    echo "fuzz stage: $(($(date +%s) - t0))s"
+  else
+    tail -n 40 "$log"
+    total_failed=$((total_failed + 1))
+    record FAIL "fuzz: harnesses failed to build (see $log)"
+  fi
 fi
 
 stage "summary ($(($(date +%s) - start))s)"
