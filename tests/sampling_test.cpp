@@ -408,6 +408,17 @@ TEST_CASE("LogitsModel adapts logits models to LanguageModel", "[sampling]") {
   CHECK(static_cast<double>(row[2]) == Catch::Approx(std::exp(2.0) / total).epsilon(1e-6));
   CHECK(&adapter.model() == &model);
 
+  // with sampling options the adapter standardizes: rows == standardize_logits
+  const SamplingOptions sampling{.temperature = 0.5, .top_k = 2};
+  specdec::LogitsModel standardizing(model, sampling);
+  CHECK(standardizing.sampling() == sampling);
+  const auto standardized_row = standardizing.next_token_probabilities({});
+  const auto expected = specdec::standardize_logits(model.logits, sampling);
+  REQUIRE(standardized_row.size() == expected.size());
+  for (std::size_t j = 0; j < expected.size(); ++j) CHECK(standardized_row[j] == expected[j]);
+  CHECK(standardized_row[0] == 0.0F);
+  CHECK_THROWS_AS(specdec::LogitsModel(model, SamplingOptions{.top_p = 0.0}), specdec::error);
+
   BatchedLogits batched;
   specdec::LogitsModel batched_adapter(batched);
   const std::vector<token_id> draft = {1, 2};
@@ -416,4 +427,8 @@ TEST_CASE("LogitsModel adapts logits models to LanguageModel", "[sampling]") {
   CHECK(rows(0, 0) == Catch::Approx(1.0 / 3.0));  // logits all 0: uniform
   const double total2 = 1.0 + std::exp(2.0) + std::exp(4.0);
   CHECK(rows(2, 2) == Catch::Approx(std::exp(4.0) / total2));
+  specdec::LogitsModel greedy_batched(batched, SamplingOptions{.temperature = 0.0});
+  const auto one_hot = greedy_batched.score_draft({}, draft);
+  CHECK(one_hot(0, 0) == 1.0);  // all logits 0: lowest id
+  CHECK(one_hot(2, 2) == 1.0);
 }

@@ -21,6 +21,7 @@
 // the verifier the raw q rows (standardization on the target side of the ratio only — the
 // bug the decoder rules out by sampling drafts itself) fails the same statistic.
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <numeric>
@@ -254,6 +255,41 @@ TEST_CASE("SpeculativeDecoder exactness: standardizing inside the target model o
   specdec::SpeculativeDecoder decoder(standardized_target, draft,
                                       {.gamma_policy = specdec::FixedGamma(3)});
   const auto result = sample_decoder(decoder, law, 3, samples_for(law), 403);
+  INFO(result.describe());
+  CHECK(result.passed());
+}
+
+namespace {
+
+// A Markov chain that returns log-probabilities (logits up to a constant).
+struct LogitsMarkov {
+  const MarkovModel<double>* chain;
+  std::vector<double> logits;
+  std::size_t vocab_size() const { return chain->vocab_size(); }
+  std::span<const double> next_token_logits(std::span<const token_id> context) {
+    const auto row = chain->row(chain->state(context));
+    logits.resize(row.size());
+    for (std::size_t j = 0; j < row.size(); ++j) logits[j] = std::log(row[j]) + 3.0;
+    return logits;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("SpeculativeDecoder exactness: standardizing in LogitsModel on both sides",
+          "[speculative_decoder]") {
+  // The cheaper route for logits models: the adapters standardize, the decoder does not.
+  const std::size_t vocab = 16;
+  const auto target_model = make_target(vocab, 2, 601);
+  const auto draft_model = make_draft(target_model, 602);
+  const SamplingOptions sampling = truncated_sampling(vocab);
+  LogitsMarkov target_logits{&target_model, {}};
+  LogitsMarkov draft_logits{&draft_model, {}};
+  specdec::LogitsModel target(target_logits, sampling);
+  specdec::LogitsModel draft(draft_logits, sampling);
+  const SequenceLaw law(target_model, sampling, 3);
+  specdec::SpeculativeDecoder decoder(target, draft, {.gamma_policy = specdec::FixedGamma(3)});
+  const auto result = sample_decoder(decoder, law, 3, samples_for(law), 603);
   INFO(result.describe());
   CHECK(result.passed());
 }

@@ -368,8 +368,8 @@ TEMPLATE_TEST_CASE("SpeculativeDecoder: streaming provenance and statistics agre
   CHECK(corrections <= stats.steps - stats.accepted_histogram[4]);
   CHECK(stats.residual_fallbacks == 0);
   CHECK(stats.tokens_per_target_call() == Catch::Approx(stats.tokens_per_step()));
-  CHECK(stats.acceptance_rate() ==
-        Catch::Approx(static_cast<double>(stats.accepted_tokens) / (4.0 * static_cast<double>(stats.steps))));
+  CHECK(stats.acceptance_rate() == Catch::Approx(static_cast<double>(stats.accepted_tokens) /
+                                                 (4.0 * static_cast<double>(stats.steps))));
   CHECK(stats.mean_beta() > 0.0);
   CHECK(stats.mean_beta() < 1.0);
   // the decoder's lifetime statistics saw the same steps
@@ -614,6 +614,14 @@ TEST_CASE("SpeculativeDecoder: logits models and mixed scalar types", "[speculat
   std::size_t same = 0;
   for (std::size_t k = 0; k < 400; ++k) same += a.tokens[k] == b.tokens[k] ? 1U : 0U;
   CHECK(same >= 390);  // float draft rows round differently, rarely flipping a draw
+
+  // greedy inside the adapters (one-hot rows), identity in the decoder: greedy decoding
+  specdec::LogitsModel greedy_target(target_logits, {.temperature = 0.0});
+  specdec::LogitsModel greedy_draft(draft_logits, {.temperature = 0.0});
+  SpeculativeDecoder in_models(greedy_target, greedy_draft);
+  const auto greedy = in_models.generate(prompt, 20, 3);
+  CHECK(greedy.tokens == std::vector<token_id>(20, 0));
+  CHECK(greedy.statistics.mean_beta() == 0.0);  // argmax q = 2 never matches
 }
 
 TEST_CASE("SpeculativeDecoder: model errors name model, step and position",

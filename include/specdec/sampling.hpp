@@ -512,9 +512,16 @@ concept LogitsLanguageModel = HasVocabSize<M> && HasNextTokenLogits<M>;
 /// Adapts a LogitsLanguageModel to LanguageModel (and to BatchedLanguageModel when the
 /// model has score_draft_logits) with a numerically stable softmax into rows the adapter
 /// owns. Holds a reference: the model must outlive the adapter. Returned rows stay valid
-/// until the next call on the adapter. Temperature and truncation are not applied here;
-/// the decoder standardizes the probabilities (temperature on logits == power on
-/// probabilities).
+/// until the next call on the adapter.
+///
+/// Two ways to sample with temperature / truncation, with the same output law:
+///  - plain adapters (softmax only) and the SamplingOptions in DecoderOptions: the decoder
+///    standardizes the probabilities (temperature on logits == power on probabilities);
+///  - the SamplingOptions given to BOTH adapters (target and draft) and identity options in
+///    the decoder: the adapters apply standardize_logits, which saves a log and an exp per
+///    entry. This is exact because the decoder draws each draft from the very q rows it
+///    verifies with, and the output follows the (standardized) target rows; T = 0 then
+///    gives one-hot rows, which verify like greedy decoding.
 /// @code
 /// specdec::LogitsModel target(my_logits_engine);
 /// specdec::SpeculativeDecoder decoder(target, draft, options);
@@ -525,22 +532,27 @@ class LogitsModel {
   using scalar_type = probability_scalar_t<decltype(std::declval<M&>().next_token_logits(
       std::declval<std::span<const token_id>>()))>;
 
-  explicit LogitsModel(M& model) : model_(&model) {}
+  /// Softmax only; `sampling` != identity applies that standardization to every row (see
+  /// the class comment). Throws specdec::error (errc::invalid_option) for bad options.
+  explicit LogitsModel(M& model, const SamplingOptions& sampling = {})
+      : model_(&model), standardizer_(sampling) {
+    standardizer_.reserve(static_cast<std::size_t>(model.vocab_size()));
+  }
 
   [[nodiscard]] std::size_t vocab_size() const {
     return static_cast<std::size_t>(model_->vocab_size());
   }
 
-  /// softmax(next_token_logits(context)).
+  /// standardize(softmax(next_token_logits(context))).
   std::span<const scalar_type> next_token_probabilities(std::span<const token_id> context) {
     const auto& logits = model_->next_token_logits(context);
     const auto row = as_span(logits);
     row_.resize(row.size());
-    softmax(row, std::span<scalar_type>(row_));
+    convert(row, std::span<scalar_type>(row_));
     return row_;
   }
 
-  /// Row-wise softmax of score_draft_logits(context, draft).
+  /// Row-wise standardize(softmax(...)) of score_draft_logits(context, draft).
   RowsView<const scalar_type> score_draft(std::span<const token_id> context,
                                           std::span<const token_id> draft) requires
       HasDraftLogitsScoring<M> {
@@ -549,16 +561,27 @@ class LogitsModel {
     using logit_scalar = typename std::remove_cvref_t<decltype(logits)>::value_type;
     rows_.resize(logits.rows() * logits.cols());
     for (std::size_t i = 0; i < logits.rows(); ++i) {
-      softmax(std::span<const logit_scalar>(logits.row(i)),
+      convert(std::span<const logit_scalar>(logits.row(i)),
               std::span<scalar_type>(rows_.data() + i * logits.cols(), logits.cols()));
     }
     return {rows_.data(), logits.rows(), logits.cols()};
   }
 
   [[nodiscard]] M& model() const noexcept { return *model_; }
+  [[nodiscard]] const SamplingOptions& sampling() const noexcept { return standardizer_.options(); }
 
  private:
+  template <class U>
+  void convert(std::span<const U> logits, std::span<scalar_type> out) {
+    if (standardizer_.identity()) {
+      softmax(logits, out);
+    } else {
+      standardizer_.apply_logits(logits, out);
+    }
+  }
+
   M* model_;
+  Standardizer<scalar_type> standardizer_;
   std::vector<scalar_type> row_;
   std::vector<scalar_type> rows_;
 };
