@@ -1,5 +1,6 @@
 // libFuzzer harness: the checked verification entry points of the exact core
 // (verify_speculative_checked, verify_speculative_proposals_checked, verify_greedy_checked,
+// verify_tree_checked, verify_tree_greedy_checked,
 // validate_probability_row, validate_token) and the samplers that must never leave [0, V)
 // (sample_from_row, sample_residual, sample_residual_one_hot, residual_distribution), fed
 // V, gamma, rows and draft tokens decoded from arbitrary bytes: NaN, Inf, negatives,
@@ -23,12 +24,14 @@
 #include <vector>
 
 #include "fuzz_support.hpp"
+#include "specdec/draft_tree.hpp"
 #include "specdec/error.hpp"
 #include "specdec/greedy_verification.hpp"
 #include "specdec/random.hpp"
 #include "specdec/residual_distribution.hpp"
 #include "specdec/rows.hpp"
 #include "specdec/speculative_sampling.hpp"
+#include "specdec/tree_verification.hpp"
 #include "specdec/validation.hpp"
 #include "specdec/verification_result.hpp"
 
@@ -49,6 +52,7 @@ enum class entry_point : std::uint8_t {
   greedy,
   validate_row,
   samplers,
+  tree,
   count
 };
 
@@ -284,6 +288,143 @@ void fuzz_greedy(FuzzedDataProvider& in) {
                      result);
 }
 
+// Token trees: verify_tree_checked and verify_tree_greedy_checked on trees built from the
+// fuzzer's bytes (sampled nodes with any q row, one-hot nodes, children drawn from q or
+// not, duplicates, repeats) and target rows of any kind, count and width.
+template <class T>
+void fuzz_tree(FuzzedDataProvider& in) {
+  using Tree = specdec::DraftTree<T>;
+  const std::size_t vocab = in.ConsumeIntegralInRange<std::size_t>(0, 12);
+  Tree tree(vocab);
+  std::vector<errc> draft_problems;
+  bool ambiguous = false;
+  specdec::xoshiro256pp draw(in.ConsumeIntegral<std::uint64_t>());
+  const std::size_t expansions = vocab == 0 ? 0 : in.ConsumeIntegralInRange<std::size_t>(0, 8);
+  for (std::size_t k = 0; k < expansions; ++k) {
+    const std::size_t node = in.ConsumeIntegralInRange<std::size_t>(0, tree.size() - 1);
+    if (tree.expansion_of(node) == specdec::expansion::none) {
+      const int kind = in.ConsumeIntegralInRange<int>(0, 2);
+      if (kind == 0) {
+        tree.expand(node, specdec::expansion::one_hot);
+      } else {
+        std::vector<T> q(vocab);
+        specdec::fuzzing::fill_row(in, specdec::fuzzing::pick_row_kind(in), std::span<T>(q),
+                                   std::span<const T>());
+        if (const auto code = expected_row_error(std::span<const T>(q), vocab,
+                                                 specdec::default_sum_tolerance<T>, ambiguous)) {
+          draft_problems.push_back(*code);
+        }
+        tree.expand(node,
+                    kind == 1 ? specdec::expansion::with_replacement
+                              : specdec::expansion::without_replacement,
+                    q);
+      }
+    }
+    const specdec::expansion kind = tree.expansion_of(node);
+    const bool sampled = kind != specdec::expansion::one_hot;
+    const std::size_t children = in.ConsumeIntegralInRange<std::size_t>(1, 3);
+    for (std::size_t c = 0; c < children; ++c) {
+      token_id token = static_cast<token_id>(in.ConsumeIntegralInRange<std::size_t>(0, vocab - 1));
+      if (sampled && in.ConsumeBool()) token = specdec::sample_from_row(tree.draft_row(node), draw);
+      if (sampled) {
+        // What verify_tree_checked must reject: a child q cannot produce, a repeat under
+        // without_replacement. (NaN q entries are row errors, found first.)
+        if (!(tree.draft_row(node)[static_cast<std::size_t>(token)] > T(0))) {
+          draft_problems.push_back(errc::invalid_token);
+        }
+        if (kind == specdec::expansion::without_replacement &&
+            tree.find_child(node, token) != Tree::npos) {
+          draft_problems.push_back(errc::invalid_token);
+        }
+      }
+      (void)tree.add_child(node, token);
+    }
+    if (kind == specdec::expansion::with_replacement && in.ConsumeBool()) tree.add_repeat(node);
+  }
+  const std::uint8_t shape = in.ConsumeIntegral<std::uint8_t>();
+  std::size_t rows = tree.size();
+  std::size_t width = vocab;
+  if (shape >= 224) {
+    switch (shape % 4) {
+      case 0:
+        rows = rows + 1;
+        break;
+      case 1:
+        rows = rows - 1;
+        break;
+      case 2:
+        width = vocab + 1;
+        break;
+      default:
+        width = vocab == 0 ? 0 : vocab - 1;
+        break;
+    }
+  }
+  const std::vector<T> target = make_rows<T>(in, rows, width);
+  std::vector<errc> target_problems;
+  if (width != vocab) target_problems.push_back(errc::vocab_mismatch);
+  if (rows != tree.size() || vocab == 0) target_problems.push_back(errc::invalid_size);
+  add_row_errors(target_problems, ambiguous, target, rows, width, vocab);
+  const specdec::RowsView<const T> target_rows(target.data(), rows, width);
+  const std::uint64_t seed = in.ConsumeIntegral<std::uint64_t>();
+
+  // Stochastic: target checks, then the tree's own checks.
+  std::vector<errc> problems = target_problems;
+  problems.insert(problems.end(), draft_problems.begin(), draft_problems.end());
+  specdec::TreeVerificationWorkspace<T> workspace;
+  specdec::xoshiro256pp g(seed);
+  bool thrown = false;
+  specdec::TreeVerificationResult result;
+  try {
+    result = specdec::verify_tree_checked(tree, target_rows, g, workspace, 2);
+  } catch (const specdec::error& e) {
+    thrown = true;
+    if (!(ambiguous && problems.empty())) check_error(e, problems);
+  }
+  if (!thrown) {
+    SPECDEC_FUZZ_CHECK(problems.empty() || ambiguous);
+    SPECDEC_FUZZ_CHECK(result.node < tree.size());
+    SPECDEC_FUZZ_CHECK(result.accepted == tree.depth(result.node));
+    SPECDEC_FUZZ_CHECK(token_in_range(result.token, vocab));
+    SPECDEC_FUZZ_CHECK(result.source != specdec::token_source::draft);
+    SPECDEC_FUZZ_CHECK(target_rows(result.node, static_cast<std::size_t>(result.token)) > T(0));
+    for (std::size_t node = result.node; node != Tree::root; node = tree.parent(node)) {
+      SPECDEC_FUZZ_CHECK(
+          target_rows(tree.parent(node), static_cast<std::size_t>(tree.token(node))) > T(0));
+    }
+    specdec::xoshiro256pp again(seed);
+    SPECDEC_FUZZ_CHECK(specdec::verify_tree(tree, target_rows, again, workspace) == result);
+  }
+
+  // Greedy: only the target rows are checked.
+  specdec::TreeVerificationResult greedy;
+  try {
+    greedy = specdec::verify_tree_greedy_checked(tree, target_rows, 2);
+  } catch (const specdec::error& e) {
+    if (!(ambiguous && target_problems.empty())) check_error(e, target_problems);
+    return;
+  }
+  SPECDEC_FUZZ_CHECK(target_problems.empty() || ambiguous);
+  // Reference: descend into the first child holding the argmax, then emit the argmax.
+  std::size_t node = Tree::root;
+  for (;;) {
+    const token_id best = reference_argmax(target_rows.row(node));
+    std::size_t next = Tree::npos;
+    for (std::size_t c = tree.first_child(node); c != Tree::npos; c = tree.next_sibling(c)) {
+      if (tree.token(c) == best) {
+        next = c;
+        break;
+      }
+    }
+    if (next == Tree::npos) {
+      SPECDEC_FUZZ_CHECK(greedy.node == node);
+      SPECDEC_FUZZ_CHECK(greedy.token == best);
+      break;
+    }
+    node = next;
+  }
+}
+
 template <class T>
 void fuzz_validate_row(FuzzedDataProvider& in) {
   const std::size_t vocab = pick_vocab(in);
@@ -370,6 +511,9 @@ void run(FuzzedDataProvider& in, entry_point entry) {
     case entry_point::validate_row:
       fuzz_validate_row<T>(in);
       break;
+    case entry_point::tree:
+      fuzz_tree<T>(in);
+      break;
     case entry_point::samplers:
     case entry_point::count:
       fuzz_samplers<T>(in);
@@ -382,8 +526,10 @@ void run(FuzzedDataProvider& in, entry_point entry) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   FuzzedDataProvider in(data, size);
   const auto selector = in.ConsumeIntegral<std::uint8_t>();
+  // Selectors >= 240 drive token trees (added last; the other entry points keep the
+  // mapping the seed corpus was made with: selector / 2 mod 5).
   const auto entry =
-      static_cast<entry_point>((selector >> 1U) % static_cast<std::uint8_t>(entry_point::count));
+      selector >= 240 ? entry_point::tree : static_cast<entry_point>((selector >> 1U) % 5U);
   if ((selector & 1U) == 0) {
     run<float>(in, entry);
   } else {
