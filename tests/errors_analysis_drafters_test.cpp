@@ -27,7 +27,7 @@ constexpr double infinity = std::numeric_limits<double>::infinity();
 
 // --- analysis.hpp --------------------------------------------------------------------------
 
-TEST_CASE("A1 analysis: alpha (or a per-position beta) outside [0, 1]", "[errors][analysis]") {
+TEST_CASE("A1 analysis: alpha (or a per-position beta) outside 0..1", "[errors][analysis]") {
   for (const double alpha : {-0.1, 1.5, not_a_number}) {
     check_error(
         "A1", [&] { (void)specdec::expected_tokens_per_step(alpha, 4); }, errc::domain,
@@ -107,7 +107,7 @@ TEST_CASE("A4 beta / lk_divergence / lenient_beta: rows of different lengths",
       "target p has 2 entries");
 }
 
-TEST_CASE("A5 beta / lk_divergence / lenient_beta: NaN, infinite or negative entries",
+TEST_CASE("A5 beta / lk_divergence / lenient_beta: NaN / infinite or negative entries",
           "[errors][analysis]") {
   const std::vector<double> p{0.5, 0.5};
   for (const double bad : {not_a_number, infinity, -0.25}) {
@@ -124,7 +124,7 @@ TEST_CASE("A5 beta / lk_divergence / lenient_beta: NaN, infinite or negative ent
   CHECK_NOTHROW(specdec::beta(p, unnormalised));
 }
 
-TEST_CASE("A6 lenient_beta: lenience outside (0, 1]", "[errors][analysis]") {
+TEST_CASE("A6 lenient_beta: lenience outside 0 < x <= 1", "[errors][analysis]") {
   const std::vector<double> p{0.5, 0.5};
   for (const double lenience : {0.0, 1.5, not_a_number}) {
     check_error(
@@ -133,7 +133,7 @@ TEST_CASE("A6 lenient_beta: lenience outside (0, 1]", "[errors][analysis]") {
   }
 }
 
-TEST_CASE("A7 AcceptanceEstimator / BetaEstimator::estimate: confidence outside (0, 1)",
+TEST_CASE("A7 AcceptanceEstimator / BetaEstimator::estimate: confidence outside 0 < x < 1",
           "[errors][analysis]") {
   specdec::AcceptanceEstimator acceptance;
   specdec::BetaEstimator betas;
@@ -179,7 +179,7 @@ TEST_CASE("R2 UnigramModel / BigramModel: add_k negative or not finite", "[error
   }
 }
 
-TEST_CASE("R3 UnigramModel / BigramModel: corpus token outside [0, V)", "[errors][drafters]") {
+TEST_CASE("R3 UnigramModel / BigramModel: corpus token outside 0..V-1", "[errors][drafters]") {
   const std::vector<token_id> corpus{0, 1, 4};
   check_error(
       "R3", [&] { specdec::UnigramModel<float> model(corpus, 4); }, errc::invalid_token,
@@ -200,7 +200,7 @@ TEST_CASE("R4 UnigramModel / BigramModel: empty corpus with add_k = 0", "[errors
       "an empty corpus needs add_k > 0");
 }
 
-TEST_CASE("R5 BigramModel::next_token_probabilities: last context token outside [0, V)",
+TEST_CASE("R5 BigramModel::next_token_probabilities: last context token outside 0..V-1",
           "[errors][drafters]") {
   const std::vector<token_id> corpus{0, 1, 2, 3};
   specdec::BigramModel<float> model(corpus, 4);
@@ -224,7 +224,7 @@ TEST_CASE("R6 NgramDrafter: max_order or window out of range", "[errors][drafter
       errc::invalid_option, "is too large for 32-bit record indices");
 }
 
-TEST_CASE("R7 NgramDraftModel: vocabulary size 0, or context tokens outside [0, V)",
+TEST_CASE("R7 NgramDraftModel: vocabulary size 0 / or context tokens outside 0..V-1",
           "[errors][drafters]") {
   specdec::NgramDrafter drafter;
   check_error(

@@ -94,7 +94,7 @@ TEMPLATE_TEST_CASE("C2 validate_probability_row: row of the wrong length", "[err
       errc::invalid_size, "draft row 0 (step 1): has 3 entries, expected the vocabulary size 4");
 }
 
-TEMPLATE_TEST_CASE("C3 validate_probability_row: NaN, infinite or negative entry",
+TEMPLATE_TEST_CASE("C3 validate_probability_row: NaN / infinite or negative entry",
                    "[errors][validation]", float, double) {
   const auto check = [](TestType bad, const char* fragment) {
     std::vector<TestType> row = make<TestType>({0.5, 0.25, 0.25, 0.0});
@@ -158,7 +158,7 @@ TEMPLATE_TEST_CASE("C6 validate_probability_rows: wrong number of rows", "[error
       errc::invalid_size, "target rows (step 4): got 2 rows, expected 3");
 }
 
-TEST_CASE("C7 validate_token: token id outside [0, V)", "[errors][validation]") {
+TEST_CASE("C7 validate_token: token id outside 0..V-1", "[errors][validation]") {
   check_error(
       "C7",
       [] {
@@ -174,7 +174,7 @@ TEST_CASE("C7 validate_token: token id outside [0, V)", "[errors][validation]") 
       errc::invalid_token, "draft token at position 2: id 7");
 }
 
-TEST_CASE("C8 validate_lenience: lenience outside (0, 1]", "[errors][validation]") {
+TEST_CASE("C8 validate_lenience: lenience outside 0 < x <= 1", "[errors][validation]") {
   for (const double lenience : {0.0, -0.5, 1.5, not_a_number, infinity}) {
     check_error(
         "C8", [&] { specdec::validate_lenience(lenience); }, errc::domain, "is outside (0, 1]");
@@ -183,7 +183,7 @@ TEST_CASE("C8 validate_lenience: lenience outside (0, 1]", "[errors][validation]
 
 // --- speculative_sampling.hpp --------------------------------------------------------------
 
-TEMPLATE_TEST_CASE("C9 verify_speculative_checked: lenience outside (0, 1]",
+TEMPLATE_TEST_CASE("C9 verify_speculative_checked: lenience outside 0 < x <= 1",
                    "[errors][speculative_sampling]", float, double) {
   for (const double lenience : {0.0, 2.0, not_a_number}) {
     Step<TestType> step;
@@ -204,7 +204,7 @@ TEMPLATE_TEST_CASE("C10 verify_speculative_checked: draft and target rows of dif
       "draft rows have 5 entries but target rows have 4");
 }
 
-TEMPLATE_TEST_CASE("C11 verify_*_checked: wrong number of target rows",
+TEMPLATE_TEST_CASE("C11 checked verifiers: wrong number of target rows",
                    "[errors][speculative_sampling][greedy_verification]", float, double) {
   Step<TestType> step;
   step.target_rows = 2;  // gamma + 1 = 3 expected
@@ -227,7 +227,7 @@ TEMPLATE_TEST_CASE("C12 verify_speculative_checked: wrong number of draft rows",
       "draft rows (step 3): got 1 rows, expected 2");
 }
 
-TEMPLATE_TEST_CASE("C13 verify_*_checked: V = 0 (empty rows)",
+TEMPLATE_TEST_CASE("C13 checked verifiers: V = 0 (empty rows)",
                    "[errors][speculative_sampling][greedy_verification]", float, double) {
   Step<TestType> step;
   step.drafts.clear();
@@ -245,7 +245,7 @@ TEMPLATE_TEST_CASE("C13 verify_*_checked: V = 0 (empty rows)",
       "C13", [&] { (void)step.greedy(); }, errc::invalid_size, "vocabulary size is 0");
 }
 
-TEMPLATE_TEST_CASE("C14 verify_*_checked: NaN, infinite or negative probability in a row",
+TEMPLATE_TEST_CASE("C14 checked verifiers: NaN / infinite or negative probability in a row",
                    "[errors][speculative_sampling][greedy_verification]", float, double) {
   Step<TestType> step;
   step.target[4 + 2] = static_cast<TestType>(not_a_number);
@@ -269,7 +269,7 @@ TEMPLATE_TEST_CASE("C14 verify_*_checked: NaN, infinite or negative probability 
       "target row 0 (step 3): entry for token 0 is infinite");
 }
 
-TEMPLATE_TEST_CASE("C15 verify_*_checked: all-zero row",
+TEMPLATE_TEST_CASE("C15 checked verifiers: all-zero row",
                    "[errors][speculative_sampling][greedy_verification]", float, double) {
   Step<TestType> step;
   std::fill(step.target.begin() + 8, step.target.end(), TestType(0));
@@ -287,7 +287,7 @@ TEMPLATE_TEST_CASE("C15 verify_*_checked: all-zero row",
       "draft row 0 (step 3): all entries are zero");
 }
 
-TEMPLATE_TEST_CASE("C16 verify_*_checked: row that does not sum to 1",
+TEMPLATE_TEST_CASE("C16 checked verifiers: row that does not sum to 1",
                    "[errors][speculative_sampling][greedy_verification]", float, double) {
   Step<TestType> step;
   step.draft[4] = TestType(0.2);  // draft row 1 sums to 1.1
@@ -305,7 +305,7 @@ TEMPLATE_TEST_CASE("C16 verify_*_checked: row that does not sum to 1",
   CHECK(result.token == 0);
 }
 
-TEMPLATE_TEST_CASE("C17 verify_*_checked: draft token id outside [0, V)",
+TEMPLATE_TEST_CASE("C17 checked verifiers: draft token id outside 0..V-1",
                    "[errors][speculative_sampling][greedy_verification]", float, double) {
   for (const token_id bad : {4, -1, std::numeric_limits<token_id>::max()}) {
     Step<TestType> step;
@@ -320,7 +320,7 @@ TEMPLATE_TEST_CASE("C17 verify_*_checked: draft token id outside [0, V)",
   }
 }
 
-TEMPLATE_TEST_CASE("C18 verify_*_checked: gamma = 0 is valid (bonus token from p_1)",
+TEMPLATE_TEST_CASE("C18 checked verifiers: gamma = 0 is valid (bonus token from p_1)",
                    "[errors][speculative_sampling][greedy_verification]", float, double) {
   Step<TestType> step;
   step.drafts.clear();
@@ -336,7 +336,7 @@ TEMPLATE_TEST_CASE("C18 verify_*_checked: gamma = 0 is valid (bonus token from p
   CHECK(step.greedy().token == 0);
 }
 
-TEMPLATE_TEST_CASE("C19 zero residual mass: correction drawn from p, residual_fallback set",
+TEMPLATE_TEST_CASE("C19 zero residual mass: correction drawn from p / residual_fallback set",
                    "[errors][speculative_sampling][residual_distribution]", float, double) {
   // x_1 = 3 has p(3) = q(3) = 0 (a valid row pair that did not produce the token): p = 0
   // rejects it, and the residual max(0, p - q) is zero everywhere because p == q.

@@ -154,7 +154,7 @@ struct TwoPhaseGamma {
 
 // --- construction -------------------------------------------------------------------------
 
-TEST_CASE("D1 SpeculativeDecoder: lenience outside (0, 1]", "[errors][speculative_decoder]") {
+TEST_CASE("D1 SpeculativeDecoder: lenience outside 0 < x <= 1", "[errors][speculative_decoder]") {
   ScriptedModel<float> target;
   ScriptedModel<float> draft;
   for (const double lenience : {0.0, -1.0, 1.5, not_a_number}) {
@@ -213,7 +213,7 @@ TEST_CASE("D5 SpeculativeDecoder: vocabulary mismatch between the models",
       "draft model has vocab_size() 5 but the target model has 4");
 }
 
-TEST_CASE("D6 SpeculativeDecoder: stop token outside [0, V)", "[errors][speculative_decoder]") {
+TEST_CASE("D6 SpeculativeDecoder: stop token outside 0..V-1", "[errors][speculative_decoder]") {
   ScriptedModel<float> target;
   ScriptedModel<float> draft;
   for (const token_id stop : {4, -1}) {
@@ -225,7 +225,7 @@ TEST_CASE("D6 SpeculativeDecoder: stop token outside [0, V)", "[errors][speculat
   }
 }
 
-TEST_CASE("D7 SpeculativeDecoder: empty stop sequence or one with a token outside [0, V)",
+TEST_CASE("D7 SpeculativeDecoder: empty stop sequence or one with a token outside 0..V-1",
           "[errors][speculative_decoder]") {
   ScriptedModel<float> target;
   ScriptedModel<float> draft;
@@ -296,7 +296,7 @@ TEST_CASE("D10 generate: empty prompt", "[errors][speculative_decoder]") {
   CHECK(draft.contexts.front().empty());
 }
 
-TEST_CASE("D11 generate: prompt ids outside [0, V) are passed to the models unchecked",
+TEST_CASE("D11 generate: prompt ids outside 0..V-1 are passed to the models unchecked",
           "[errors][speculative_decoder]") {
   // Documented behaviour (docs/errors.md, finding F3): the decoder does not validate the
   // prompt; a model that cannot handle an id must throw (it then surfaces as model_failure).
@@ -336,7 +336,7 @@ TEMPLATE_TEST_CASE("D12 generate: a model row of the wrong length", "[errors][sp
       "target row 2 (step 0, sequence position 4): has 3 entries");
 }
 
-TEMPLATE_TEST_CASE("D13 generate: NaN, infinite or negative probability from a model",
+TEMPLATE_TEST_CASE("D13 generate: NaN / infinite or negative probability from a model",
                    "[errors][speculative_decoder]", float, double) {
   for (const fault how : {fault::nan_entry, fault::negative}) {
     ScriptedModel<TestType> target;
@@ -402,7 +402,7 @@ TEST_CASE("D17 generate: a drafter proposing more tokens than asked for",
       "the drafter proposed 4 tokens, more than the 3 asked for");
 }
 
-TEST_CASE("D18 generate: a drafter proposing a token id outside [0, V)",
+TEST_CASE("D18 generate: a drafter proposing a token id outside 0..V-1",
           "[errors][speculative_decoder]") {
   for (const token_id bad : {4, -1}) {
     ScriptedModel<float> target;
@@ -562,7 +562,7 @@ TEST_CASE("P2 AdditiveGamma: bounds not ordered 1 <= min_gamma <= initial <= max
   }
 }
 
-TEST_CASE("P3 ConfidenceStop: threshold outside [0, 1]", "[errors][gamma_policy]") {
+TEST_CASE("P3 ConfidenceStop: threshold outside 0..1", "[errors][gamma_policy]") {
   for (const double threshold : {-0.1, 1.5, not_a_number}) {
     check_error(
         "P3", [&] { specdec::ConfidenceStop stop(threshold, std::size_t{4}); },

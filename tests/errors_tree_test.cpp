@@ -49,7 +49,7 @@ std::vector<double> uniform_rows(std::size_t nodes) {
 
 }  // namespace
 
-TEST_CASE("T1 TreeShape: a level with no children, too many nodes, or bad parents",
+TEST_CASE("T1 TreeShape: a level with no children / too many nodes / or bad parents",
           "[errors][draft_tree]") {
   check_error(
       "T1",
@@ -80,7 +80,7 @@ TEST_CASE("T1 TreeShape: a level with no children, too many nodes, or bad parent
       errc::invalid_option, "TreeShape::from_parents: node 2 has parent 2");
 }
 
-TEST_CASE("T2 DraftTree::expand: bad node, wrong row length, wrong kind, expanded twice",
+TEST_CASE("T2 DraftTree::expand: bad node / wrong row length / wrong kind / expanded twice",
           "[errors][draft_tree]") {
   Tree tree(4);
   const std::vector<double> q{0.25, 0.25, 0.25, 0.25};

@@ -206,7 +206,7 @@ TEMPLATE_TEST_CASE("denormal probabilities", "[numerical_edges][validation][spec
   CHECK(specdec::argmax(std::span<const TestType>(denormal_row)) == 0);
 }
 
-TEMPLATE_TEST_CASE("rows summing to 1 +- 1e-6", "[numerical_edges][validation]", float, double) {
+TEMPLATE_TEST_CASE("rows summing to 1 +/- 1e-6", "[numerical_edges][validation]", float, double) {
   // Double rows: tolerance 1e-6 (inclusive); float rows: 1e-3, so 1 +- 1e-6 is always fine.
   const double tolerance = specdec::default_sum_tolerance<TestType>;
   const auto row_with_sum = [](double sum) {
