@@ -140,6 +140,12 @@ class Standardizer {
     }
     const double temperature = options_.temperature;
     const bool use_min_p = options_.min_p > 0.0;
+    if (options_.identity()) {
+      // Only the normalization: one pass for the sum, one scaled copy.
+      const double total = detail::sum_in_double(probabilities.data(), size);
+      map(out) = cmap(probabilities).template cast<T>() * static_cast<T>(1.0 / total);
+      return static_cast<double>(maximum) / total;
+    }
     if (temperature == 1.0) {
       const auto min_key = static_cast<U>(options_.min_p * static_cast<double>(maximum));
       return finish(

@@ -16,23 +16,26 @@
 
 namespace specdec::detail {
 
-/// beta = sum_x min(p(x), q(x)) (paper Def. 3.1 / Thm. 3.5), accumulated in double in 8
-/// independent lanes combined in a fixed order (vectorizes without -ffast-math).
+/// beta = sum_x min(p(x), q(x)) (paper Def. 3.1 / Thm. 3.5), summed like sum_in_double:
+/// blocks in T lanes, block sums in double (vectorizes without -ffast-math).
 template <class T>
 [[nodiscard]] inline double overlap_mass(const T* target, const T* draft,
                                          std::size_t size) noexcept {
-  constexpr std::size_t lanes = 8;
-  std::array<double, lanes> sums{};
+  double total = 0.0;
   std::size_t i = 0;
-  for (; i + lanes <= size; i += lanes) {
-    for (std::size_t k = 0; k < lanes; ++k) {
-      const T p = target[i + k];
-      const T q = draft[i + k];
-      sums[k] += static_cast<double>(p < q ? p : q);
+  for (; i + sampling_block <= size; i += sampling_block) {
+    std::array<T, sampling_lanes> lanes{};
+    for (std::size_t j = i; j < i + sampling_block; j += sampling_lanes) {
+      for (std::size_t k = 0; k < sampling_lanes; ++k) {
+        const T p = target[j + k];
+        const T q = draft[j + k];
+        lanes[k] += p < q ? p : q;
+      }
     }
+    total += static_cast<double>(reduce_sampling_lanes(lanes));
   }
-  for (; i < size; ++i) sums[0] += static_cast<double>(target[i] < draft[i] ? target[i] : draft[i]);
-  return ((sums[0] + sums[4]) + (sums[2] + sums[6])) + ((sums[1] + sums[5]) + (sums[3] + sums[7]));
+  for (; i < size; ++i) total += static_cast<double>(target[i] < draft[i] ? target[i] : draft[i]);
+  return total;
 }
 
 /// Fast screen of a probability row in one vectorizable pass: true if no entry has its
