@@ -30,6 +30,13 @@
 //
 // Stateful (KV-cache) models receive the whole context on every call; CachedContext
 // (cached_context.hpp) turns it into truncate/append calls.
+//
+// Token trees (DecoderOptions::tree_shape with draft nodes, LanguageModel drafts, lenience
+// 1): steps 1-4 are replaced by one tree_step (tree_verification.hpp): a tree of that shape
+// is drafted from the standardized q rows (top-k for greedy), scored by the target (one
+// score_tree call for a TreeScoringModel) and verified exactly; the emitted path and t then
+// go through step 5 unchanged. The gamma policy is not consulted. TreeShape::chain(gamma)
+// gives the same output law as the chain path with FixedGamma{gamma}.
 #pragma once
 
 #include <algorithm>
@@ -51,6 +58,7 @@
 #include "specdec/concepts.hpp"
 #include "specdec/config.hpp"
 #include "specdec/detail/decoder_kernels.hpp"
+#include "specdec/draft_tree.hpp"
 #include "specdec/error.hpp"
 #include "specdec/gamma_policy.hpp"
 #include "specdec/greedy_verification.hpp"
@@ -59,6 +67,7 @@
 #include "specdec/rows.hpp"
 #include "specdec/sampling.hpp"
 #include "specdec/speculative_sampling.hpp"
+#include "specdec/tree_verification.hpp"
 #include "specdec/validation.hpp"
 #include "specdec/verification_result.hpp"
 
@@ -123,6 +132,15 @@ struct DecoderOptions {
   /// Called for every emitted token, in order, after the step's bookkeeping. Invoking it
   /// never allocates; exceptions from it propagate unchanged (tokens stay in generated()).
   std::function<void(const EmittedToken&)> on_token{};
+  /// Draft token tree of every step. The root alone (the default) selects the chain path
+  /// with gamma_policy; a shape with draft nodes selects tree steps (tree_step), which need
+  /// a LanguageModel draft and lenience 1 (else errc::invalid_option). gamma_policy is then
+  /// not used. Greedy decoding drafts top-k trees of this shape.
+  TreeShape tree_shape{};
+  /// How tree children are drawn at T > 0: without_replacement or with_replacement.
+  expansion tree_sampling = expansion::without_replacement;
+  /// With replacement: repeated draws become repeat counts (true) or duplicate nodes.
+  bool tree_merge_repeats = true;
 };
 
 /// What one speculative step did. The spans view the decoder's storage and stay valid until
@@ -130,14 +148,18 @@ struct DecoderOptions {
 struct StepResult {
   std::span<const token_id> tokens{};       ///< x_1..x_n, t — cut after a stop condition
   std::span<const token_source> sources{};  ///< provenance of each token
-  std::size_t drafted = 0;                  ///< gamma actually drafted
-  std::size_t accepted = 0;                 ///< n: drafts accepted by the verifier
+  std::size_t drafted = 0;                  ///< gamma actually drafted (tree: nodes_scored)
+  std::size_t nodes_scored = 0;             ///< draft tokens scored by the target
+  std::size_t accepted = 0;                 ///< n: drafts accepted (tree: accepted depth)
   bool residual_fallback = false;           ///< the correction came from p (zero residual)
   stop_reason stop = stop_reason::none;     ///< the stop condition that ended generation, if any
-  std::size_t target_calls = 0;             ///< 1 with score_draft, else drafted + 1
-  std::size_t draft_calls = 0;              ///< drafted for LanguageModel drafts, 1 for drafters
-  double beta_sum = 0.0;                    ///< sum of beta over this step's verified positions
-  std::size_t beta_positions = 0;           ///< verified positions with a beta (see statistics)
+  /// 1 with score_draft, else drafted + 1; tree: 1 with score_tree, one per root-to-leaf
+  /// path with score_draft, else one per node (root included).
+  std::size_t target_calls = 0;
+  std::size_t draft_calls = 0;     ///< drafted for LanguageModel drafts, 1 for drafters; tree:
+                                   ///< expanded nodes
+  double beta_sum = 0.0;           ///< sum of beta over this step's verified positions
+  std::size_t beta_positions = 0;  ///< verified positions with a beta (see statistics)
 };
 
 /// Counters over the steps of a decoder (since construction or reset_statistics()), or of
@@ -156,11 +178,17 @@ struct StepResult {
 ///    of accepting the proposal).
 ///  - greedy (T = 0): p and q are one-hot, beta_i = 1 if x_i matched the target's argmax,
 ///    else 0.
+///  - token trees: no beta is collected (beta_positions stays 0).
+///
+/// With token trees (DecoderOptions::tree_shape), drafted_tokens == nodes_scored counts the
+/// draft nodes scored, accepted_tokens sums the accepted depths and accepted_histogram[n]
+/// counts the steps whose accepted depth was n.
 struct DecoderStatistics {
   std::size_t steps = 0;
   std::size_t target_calls = 0;
   std::size_t draft_calls = 0;
   std::size_t drafted_tokens = 0;
+  std::size_t nodes_scored = 0;  ///< draft tokens scored by the target (chains: drafted)
   std::size_t accepted_tokens = 0;
   std::size_t emitted_tokens = 0;
   std::size_t residual_fallbacks = 0;  ///< corrections drawn from p: zero residual mass
@@ -175,6 +203,7 @@ struct DecoderStatistics {
     target_calls += step.target_calls;
     draft_calls += step.draft_calls;
     drafted_tokens += step.drafted;
+    nodes_scored += step.nodes_scored;
     accepted_tokens += step.accepted;
     emitted_tokens += step.tokens.size();
     residual_fallbacks += step.residual_fallback ? 1U : 0U;
@@ -195,6 +224,12 @@ struct DecoderStatistics {
     return target_calls == 0
                ? 0.0
                : static_cast<double>(emitted_tokens) / static_cast<double>(target_calls);
+  }
+  /// Draft tokens scored per target call (the width of the target's work per call).
+  [[nodiscard]] double nodes_per_target_call() const noexcept {
+    return target_calls == 0
+               ? 0.0
+               : static_cast<double>(nodes_scored) / static_cast<double>(target_calls);
   }
   /// Emitted tokens per step (the paper's improvement factor in target calls, Eq. 1).
   [[nodiscard]] double tokens_per_step() const noexcept {
@@ -291,7 +326,20 @@ class SpeculativeDecoder {
       stop_lookup_[static_cast<std::size_t>(stop)] = 1;
     }
     standardizer_.reserve(vocab_size_);
-    grow_workspace(options_.gamma_policy.next_gamma());
+    if (tree_mode()) {
+      // A step emits at most max_depth + 1 tokens; the tree buffers warm up on first use.
+      const std::size_t depth = options_.tree_shape.max_depth();
+      step_tokens_.resize(depth + 1);
+      step_sources_.resize(depth + 1);
+      statistics_.accepted_histogram.reserve(depth + 1);
+      workspace_gamma_ = depth;
+      // Built once: a per-step copy of the shape would allocate.
+      tree_options_ =
+          TreeOptions{options_.tree_shape, options_.tree_sampling, options_.tree_merge_repeats,
+                      options_.sampling.greedy(), options_.validate_rows};
+    } else {
+      grow_workspace(options_.gamma_policy.next_gamma());
+    }
   }
 
   SpeculativeDecoder(const SpeculativeDecoder&) = delete;
@@ -393,6 +441,25 @@ class SpeculativeDecoder {
       detail::throw_error(errc::invalid_option, "decoder option lenience = ", options_.lenience,
                           " needs temperature > 0 (greedy decoding verifies by exact match)");
     }
+    if (options_.tree_shape.draft_size() > 0) {
+      if (!draft_is_model) {
+        detail::throw_error(errc::invalid_option, "decoder option tree_shape (",
+                            options_.tree_shape.draft_size(),
+                            " draft nodes) needs a LanguageModel draft; proposal drafters use "
+                            "the chain path (leave tree_shape at the root alone)");
+      }
+      if (options_.lenience != 1.0) {
+        detail::throw_error(errc::invalid_option, "decoder option tree_shape (",
+                            options_.tree_shape.draft_size(),
+                            " draft nodes) needs lenience = 1, not ", options_.lenience);
+      }
+      if (options_.tree_sampling != expansion::with_replacement &&
+          options_.tree_sampling != expansion::without_replacement) {
+        detail::throw_error(errc::invalid_option,
+                            "decoder option tree_sampling = ", to_string(options_.tree_sampling),
+                            " must be with_replacement or without_replacement");
+      }
+    }
     if (options_.gamma_policy.next_gamma() == 0) {
       detail::throw_error(errc::invalid_option,
                           "decoder option gamma_policy: next_gamma() is 0, must be >= 1");
@@ -430,6 +497,9 @@ class SpeculativeDecoder {
 
   // Which row copies a step needs: draft rows always for LanguageModel drafts at T > 0;
   // target rows unless the target is batched and its rows can be used in place.
+  [[nodiscard]] bool tree_mode() const noexcept {
+    return draft_is_model && options_.tree_shape.draft_size() > 0;
+  }
   [[nodiscard]] bool needs_draft_rows() const noexcept {
     return draft_is_model && !options_.sampling.greedy();
   }
@@ -524,6 +594,7 @@ class SpeculativeDecoder {
   template <class G>
   StepResult run_step(G& g, std::size_t max_tokens, std::size_t stop_floor) {
     base_length_ = sequence_.size();
+    if (tree_mode()) return finish_step(run_tree_step(g, max_tokens, stop_floor));
     const bool timed = options_.gamma_policy.needs_timing();
     const std::size_t gamma = options_.gamma_policy.next_gamma();
     grow_workspace(gamma);
@@ -548,6 +619,11 @@ class SpeculativeDecoder {
       sequence_.resize(base_length_);
       throw;
     }
+    return finish_step(result);
+  }
+
+  // Counts the step and streams its tokens.
+  StepResult finish_step(const StepResult& result) {
     const std::size_t step = step_index_++;
     if (options_.on_token) {
       for (std::size_t k = 0; k < result.tokens.size(); ++k) {
@@ -556,6 +632,63 @@ class SpeculativeDecoder {
       }
     }
     return result;
+  }
+
+  // One tree step (tree_verification.hpp) in place of drafting, scoring and verification:
+  // leaves the accepted path in sequence_ and t in step_tokens_[n], as verify() does, then
+  // emits through the common cut. specdec::error from the tree code keeps its code; any
+  // other exception (a model threw) becomes model_failure with the exception nested.
+  template <class G>
+  StepResult run_tree_step(G& g, std::size_t max_tokens, std::size_t stop_floor) {
+    StepResult result;
+    try {
+      if constexpr (draft_is_model) {
+        const std::span<const token_id> context(sequence_.data(), base_length_);
+        // Greedy trees ignore the transform (top-k drafting, argmax of the raw rows).
+        const TreeStepResult tree_result = call_tree([&] {
+          return tree_step(
+              *target_, *draft_, context, tree_options_, g, tree_workspace_, step_index_,
+              [this](auto raw, std::span<value_type> out) { standardizer_.apply(raw, out); });
+        });
+        result.drafted = tree_result.nodes_scored;
+        result.nodes_scored = tree_result.nodes_scored;
+        result.accepted = tree_result.accepted();
+        result.residual_fallback = tree_result.verification.residual_fallback;
+        result.target_calls = tree_result.target_calls;
+        result.draft_calls = tree_result.draft_calls;
+        for (std::size_t k = 0; k < result.accepted; ++k) {
+          sequence_.push_back(tree_result.tokens[k]);
+        }
+        step_tokens_[result.accepted] = tree_result.tokens[result.accepted];
+        step_sources_[result.accepted] = tree_result.source(result.accepted);
+      }
+      emit(result, max_tokens, stop_floor);
+      statistics_.record(result);
+    } catch (...) {
+      sequence_.resize(base_length_);
+      throw;
+    }
+    return result;
+  }
+
+  template <class Call>
+  decltype(auto) call_tree(Call&& call) {
+    try {
+      return std::forward<Call>(call)();
+    } catch (const error& e) {
+      fail(e.code(), "tree step " + std::to_string(step_index_) + " (sequence position " +
+                         std::to_string(base_length_) + "): " + detail::bare_message(e));
+    } catch (const std::exception& e) {
+      std::throw_with_nested(decoding_error(
+          errc::model_failure,
+          "tree step " + std::to_string(step_index_) + ": a model threw: " + e.what(),
+          step_index_));
+    } catch (...) {
+      std::throw_with_nested(decoding_error(
+          errc::model_failure,
+          "tree step " + std::to_string(step_index_) + ": a model threw a non-std exception",
+          step_index_));
+    }
   }
 
   [[nodiscard]] bool is_stop_token(token_id token) const noexcept {
@@ -697,6 +830,7 @@ class SpeculativeDecoder {
       verdict = verify_speculative_proposals(drafts, target_rows, g, verification);
     }
     result.accepted = verdict.accepted;
+    result.nodes_scored = drafted;
     result.residual_fallback = verdict.residual_fallback;
     step_tokens_[verdict.accepted] = verdict.token;
     step_sources_[verdict.accepted] = verdict.source;
@@ -775,6 +909,8 @@ class SpeculativeDecoder {
   std::vector<token_id> sequence_;       // context, then drafts / emitted tokens
   std::vector<token_id> step_tokens_;
   std::vector<token_source> step_sources_;
+  TreeOptions tree_options_{};                    // tree steps only
+  TreeStepWorkspace<value_type> tree_workspace_;  // tree steps only
   std::size_t workspace_gamma_ = 0;
   std::size_t prompt_length_ = 0;
   std::size_t base_length_ = 0;  // context length at the start of the current step

@@ -1,0 +1,441 @@
+// Tests for the token-tree path of include/specdec/speculative_decoder.hpp
+// (DecoderOptions::tree_shape): greedy identity, the exact output law for branching trees
+// with and without replacement and for chain shapes, stop conditions, statistics, option
+// checks and model errors.
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <catch2/catch_approx.hpp>
+#include <catch2/catch_template_test_macros.hpp>
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include "specdec/draft_tree.hpp"
+#include "specdec/random.hpp"
+#include "specdec/sampling.hpp"
+#include "specdec/speculative_decoder.hpp"
+#include "speculative_decoder_models.hpp"
+#include "support/statistics.hpp"
+
+namespace {
+
+using Catch::Matchers::ContainsSubstring;
+using specdec::DecoderOptions;
+using specdec::expansion;
+using specdec::SpeculativeDecoder;
+using specdec::stop_reason;
+using specdec::token_id;
+using specdec::TreeShape;
+using specdec::testing::BatchedMarkovModel;
+using specdec::testing::CountingUpDrafter;
+using specdec::testing::MarkovModel;
+
+// Plain greedy decoding of the target (argmax, lowest id among ties).
+template <class Model>
+std::vector<token_id> greedy_reference(Model& target, std::vector<token_id> context,
+                                       std::size_t count) {
+  std::vector<token_id> out;
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto row = target.next_token_probabilities(context);
+    const auto best = static_cast<token_id>(std::max_element(row.begin(), row.end()) - row.begin());
+    out.push_back(best);
+    context.push_back(best);
+  }
+  return out;
+}
+
+// Law of the first `length` tokens after `prompt` under standardized rows of `model`:
+// index = sum tokens[k] * V^(length-1-k).
+template <class T>
+std::vector<double> sequence_law(MarkovModel<T>& model, const std::vector<token_id>& prompt,
+                                 std::size_t length, const specdec::SamplingOptions& sampling) {
+  const std::size_t vocab = model.vocab_size();
+  std::vector<double> law{1.0};
+  std::vector<std::vector<token_id>> contexts{prompt};
+  for (std::size_t k = 0; k < length; ++k) {
+    std::vector<double> next;
+    std::vector<std::vector<token_id>> next_contexts;
+    for (std::size_t s = 0; s < law.size(); ++s) {
+      const auto row = specdec::standardize(model.next_token_probabilities(contexts[s]), sampling);
+      for (std::size_t x = 0; x < vocab; ++x) {
+        next.push_back(law[s] * static_cast<double>(row[x]));
+        next_contexts.push_back(contexts[s]);
+        next_contexts.back().push_back(static_cast<token_id>(x));
+      }
+    }
+    law = std::move(next);
+    contexts = std::move(next_contexts);
+  }
+  double total = 0.0;
+  for (const double x : law) total += x;
+  for (double& x : law) x /= total;  // rounding of float rows
+  return law;
+}
+
+std::size_t sequence_index(std::span<const token_id> tokens, std::size_t vocab) {
+  std::size_t index = 0;
+  for (const token_id t : tokens) index = index * vocab + static_cast<std::size_t>(t);
+  return index;
+}
+
+// The errc of the specdec::error `call` throws, or 0 if it throws none.
+int error_code_of(auto&& call) {
+  try {
+    call();
+  } catch (const specdec::error& e) {
+    return static_cast<int>(e.code());
+  }
+  return 0;
+}
+
+constexpr int invalid_option = static_cast<int>(specdec::errc::invalid_option);
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("SpeculativeDecoder tree: greedy trees reproduce greedy decoding of the target",
+                   "[speculative_decoder][tree][greedy]", float, double) {
+  auto target = MarkovModel<TestType>::random(8, 2, 101, 1.5);
+  auto draft = MarkovModel<TestType>::random(8, 1, 202, 1.5).order1_blend(target, 0.5);
+  BatchedMarkovModel<TestType> batched(target);
+  DecoderOptions options;
+  options.sampling.temperature = 0.0;
+  options.tree_shape = TreeShape::branching({3, 2, 1});
+  SpeculativeDecoder decoder(target, draft, options);
+  SpeculativeDecoder batched_decoder(batched, draft, options);
+  specdec::xoshiro256pp prompts(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    std::vector<token_id> prompt(1 + specdec::uniform_below(prompts, 4));
+    for (auto& t : prompt) t = static_cast<token_id>(specdec::uniform_below(prompts, 8));
+    const auto expected = greedy_reference(target, prompt, 12);
+    const auto result = decoder.generate(prompt, 12, static_cast<std::uint64_t>(trial));
+    REQUIRE(result.tokens == expected);
+    CHECK(result.stop == stop_reason::max_new_tokens);
+    REQUIRE(batched_decoder.generate(prompt, 12, std::uint64_t{1}).tokens == expected);
+  }
+  // Greedy trees accept along the argmax path: depth > 0 happens with a resembling draft.
+  CHECK(decoder.statistics().accepted_tokens > 0);
+}
+
+TEST_CASE("SpeculativeDecoder tree: the first tokens have the target's exact law",
+          "[speculative_decoder][tree][exactness]") {
+  constexpr std::size_t vocab = 6;
+  constexpr std::size_t length = 3;
+  auto target = MarkovModel<double>::random(vocab, 2, 303, 1.5);
+  auto draft = MarkovModel<double>::random(vocab, 1, 404, 1.5).order1_blend(target, 0.4);
+  const std::vector<token_id> prompt{2, 4};
+  specdec::SamplingOptions sampling;
+  sampling.temperature = 0.8;
+  sampling.top_k = 5;
+  const auto expected = sequence_law(target, prompt, length, sampling);
+  const auto draft_law = sequence_law(draft, prompt, length, sampling);
+  const double tv = specdec::testing::total_variation(expected, draft_law);
+  INFO("TV(target, draft) = " << tv);
+  REQUIRE(tv > 0.1);
+  const std::size_t samples = 30000;
+
+  struct Case {
+    const char* name;
+    TreeShape shape;
+    expansion kind;
+    bool merge;
+  };
+  const Case cases[] = {
+      {"branching {3,2,1} without replacement", TreeShape::branching({3, 2, 1}),
+       expansion::without_replacement, true},
+      {"branching {3,2,1} with replacement, merged", TreeShape::branching({3, 2, 1}),
+       expansion::with_replacement, true},
+      {"branching {2,2} with replacement, duplicates", TreeShape::branching({2, 2}),
+       expansion::with_replacement, false},
+      {"chain(3) (Algorithm 1)", TreeShape::chain(3), expansion::without_replacement, true},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    DecoderOptions options;
+    options.sampling = sampling;
+    options.tree_shape = c.shape;
+    options.tree_sampling = c.kind;
+    options.tree_merge_repeats = c.merge;
+    SpeculativeDecoder decoder(target, draft, options);
+    specdec::xoshiro256pp g(55);
+    std::vector<std::uint64_t> counts(expected.size(), 0);
+    for (std::size_t i = 0; i < samples; ++i) {
+      const auto result = decoder.generate(prompt, length, g);
+      REQUIRE(result.tokens.size() == length);
+      ++counts[sequence_index(result.tokens, vocab)];
+    }
+    const auto test = specdec::testing::chi_square_test(counts, expected);
+    INFO(test.describe());
+    CHECK(test.passed());
+    // The tree does work: some steps accept draft tokens.
+    CHECK(decoder.statistics().accepted_tokens > 0);
+  }
+
+  {
+    INFO("negative control: the draft tree's first path, unverified");
+    // Draws the first root-to-leaf path of a sampled {3,2,1} tree (its first children are
+    // plain draws from the standardized q rows): the draft's law, not the target's.
+    specdec::TreeStepWorkspace<double> workspace;
+    specdec::Standardizer<double> standardizer(sampling);
+    specdec::xoshiro256pp g(56);
+    const TreeShape shape = TreeShape::branching({3, 2, 1});
+    std::vector<std::uint64_t> counts(expected.size(), 0);
+    std::vector<token_id> path;
+    for (std::size_t i = 0; i < samples; ++i) {
+      specdec::build_sampled_tree(
+          draft, std::span<const token_id>(prompt), shape, g, workspace.tree, workspace.drafting,
+          specdec::DraftTreeOptions{},
+          [&](auto raw, std::span<double> out) { standardizer.apply(raw, out); });
+      path.clear();
+      std::size_t node = 0;
+      for (std::size_t k = 0; k < length; ++k) {
+        node = workspace.tree.first_child(node);
+        path.push_back(workspace.tree.token(node));
+      }
+      ++counts[sequence_index(path, vocab)];
+    }
+    const auto test = specdec::testing::chi_square_test(counts, expected);
+    INFO(test.describe());
+    CHECK_FALSE(test.passed());
+  }
+}
+
+TEST_CASE("SpeculativeDecoder tree: stop tokens, stop sequences and max_new_tokens are exact",
+          "[speculative_decoder][tree][stop]") {
+  auto target = MarkovModel<double>::random(6, 2, 505, 1.0);
+  auto draft = MarkovModel<double>::random(6, 1, 606, 1.0).order1_blend(target, 0.6);
+  SECTION("stop tokens and max_new_tokens, sampled and greedy") {
+    for (const bool greedy : {false, true}) {
+      INFO("greedy " << greedy);
+      DecoderOptions options;
+      options.sampling.temperature = greedy ? 0.0 : 1.0;
+      options.tree_shape = TreeShape::branching({2, 2, 1});
+      options.stop_tokens = {5};
+      std::vector<specdec::EmittedToken> streamed;
+      options.on_token = [&](const specdec::EmittedToken& e) { streamed.push_back(e); };
+      SpeculativeDecoder decoder(target, draft, options);
+      std::size_t stopped = 0;
+      const std::vector<token_id> prompt{1, 3};
+      for (std::uint64_t seed = 0; seed < 200; ++seed) {
+        streamed.clear();
+        const std::size_t budget = 1 + seed % 9;
+        const auto result = decoder.generate(prompt, budget, seed);
+        REQUIRE(result.tokens.size() <= budget);
+        REQUIRE(streamed.size() == result.tokens.size());
+        for (std::size_t k = 0; k < streamed.size(); ++k) {
+          CHECK(streamed[k].token == result.tokens[k]);
+          CHECK(streamed[k].position == prompt.size() + k);
+        }
+        const auto first_stop = std::find(result.tokens.begin(), result.tokens.end(), 5);
+        if (result.stop == stop_reason::stop_token) {
+          ++stopped;
+          REQUIRE(first_stop == result.tokens.end() - 1);
+        } else {
+          REQUIRE(result.stop == stop_reason::max_new_tokens);
+          REQUIRE(first_stop == result.tokens.end());
+          REQUIRE(result.tokens.size() == budget);
+        }
+      }
+      if (!greedy) CHECK(stopped > 0);
+    }
+  }
+
+  SECTION("stop sequences") {
+    DecoderOptions options;
+    options.tree_shape = TreeShape::branching({3, 1});
+    options.stop_sequences = {{0, 1}};
+    SpeculativeDecoder decoder(target, draft, options);
+    std::size_t stopped = 0;
+    for (std::uint64_t seed = 0; seed < 200; ++seed) {
+      const auto result = decoder.generate(std::vector<token_id>{2}, 10, seed);
+      const auto& t = result.tokens;
+      if (result.stop == stop_reason::stop_sequence) {
+        ++stopped;
+        REQUIRE(t.size() >= 2);
+        CHECK(t[t.size() - 2] == 0);
+        CHECK(t.back() == 1);
+      } else {
+        CHECK(t.size() == 10);
+      }
+      for (std::size_t k = 0; k + 2 < t.size(); ++k) CHECK_FALSE((t[k] == 0 && t[k + 1] == 1));
+    }
+    CHECK(stopped > 0);
+  }
+
+  SECTION("step() with a token limit") {
+    DecoderOptions options;
+    options.tree_shape = TreeShape::chain(4);
+    SpeculativeDecoder decoder(target, draft, options);
+    specdec::xoshiro256pp g(9);
+    const std::vector<token_id> context{1, 2, 3};
+    for (int i = 0; i < 100; ++i) {
+      const auto step = decoder.step(context, g, 2);
+      REQUIRE(step.tokens.size() >= 1);
+      REQUIRE(step.tokens.size() <= 2);
+      if (step.tokens.size() == 2) CHECK(step.stop == stop_reason::max_new_tokens);
+    }
+  }
+}
+
+TEST_CASE("SpeculativeDecoder tree: statistics count nodes, calls and accepted depths",
+          "[speculative_decoder][tree][statistics]") {
+  auto target = MarkovModel<double>::random(6, 2, 707, 1.0);
+  auto draft = MarkovModel<double>::random(6, 1, 808, 1.0).order1_blend(target, 0.5);
+  BatchedMarkovModel<double> batched(target);
+  DecoderOptions options;
+  options.tree_shape = TreeShape::branching({3, 2, 1});  // 15 draft nodes, 6 leaves
+  options.tree_sampling = expansion::without_replacement;
+
+  const auto check_common = [](const specdec::DecoderStatistics& s) {
+    CHECK(s.steps > 0);
+    CHECK(s.nodes_scored == s.drafted_tokens);
+    CHECK(s.nodes_scored == 15 * s.steps);  // full-support rows: every tree is full
+    CHECK(s.draft_calls == 10 * s.steps);   // the root, 3 children, 6 grandchildren
+    CHECK(s.beta_positions == 0);
+    std::size_t steps = 0;
+    std::size_t accepted = 0;
+    for (std::size_t n = 0; n < s.accepted_histogram.size(); ++n) {
+      steps += s.accepted_histogram[n];
+      accepted += n * s.accepted_histogram[n];
+    }
+    CHECK(steps == s.steps);
+    CHECK(accepted == s.accepted_tokens);
+    CHECK(s.accepted_histogram.size() <= 4);  // depth <= 3
+    CHECK(s.emitted_tokens <= s.accepted_tokens + s.steps);
+  };
+
+  SECTION("per-node target (one call per node)") {
+    SpeculativeDecoder decoder(target, draft, options);
+    const auto result = decoder.generate(std::vector<token_id>{0}, 60, std::uint64_t{3});
+    const auto& s = result.statistics;
+    check_common(s);
+    CHECK(s.target_calls == 16 * s.steps);
+    CHECK(s.nodes_per_target_call() == Catch::Approx(15.0 / 16.0));
+    CHECK(s.emitted_tokens == 60);
+    CHECK(decoder.statistics().steps == s.steps);
+  }
+  SECTION("score_draft target (one call per root-to-leaf path)") {
+    SpeculativeDecoder decoder(batched, draft, options);
+    const auto result = decoder.generate(std::vector<token_id>{0}, 60, std::uint64_t{3});
+    check_common(result.statistics);
+    CHECK(result.statistics.target_calls == 6 * result.statistics.steps);
+  }
+  SECTION("step results") {
+    SpeculativeDecoder decoder(target, draft, options);
+    specdec::xoshiro256pp g(4);
+    const auto step = decoder.step(std::vector<token_id>{1, 2}, g);
+    CHECK(step.nodes_scored == 15);
+    CHECK(step.drafted == 15);
+    CHECK(step.target_calls == 16);
+    CHECK(step.draft_calls == 10);
+    CHECK(step.tokens.size() == step.accepted + 1);
+    CHECK(step.beta_positions == 0);
+    for (std::size_t k = 0; k < step.tokens.size(); ++k) {
+      CHECK((step.sources[k] == specdec::token_source::draft) == (k < step.accepted));
+    }
+  }
+  SECTION("chain path: nodes_scored == drafted") {
+    DecoderOptions chain;
+    chain.gamma_policy = specdec::FixedGamma{3};
+    SpeculativeDecoder decoder(target, draft, chain);
+    const auto result = decoder.generate(std::vector<token_id>{0}, 40, std::uint64_t{3});
+    CHECK(result.statistics.nodes_scored == result.statistics.drafted_tokens);
+    CHECK(result.statistics.nodes_per_target_call() ==
+          Catch::Approx(static_cast<double>(result.statistics.drafted_tokens) /
+                        static_cast<double>(result.statistics.target_calls)));
+  }
+}
+
+TEST_CASE("SpeculativeDecoder tree: tree options are checked at construction",
+          "[speculative_decoder][tree][options]") {
+  auto target = MarkovModel<double>::random(4, 1, 909, 1.0);
+  auto draft = MarkovModel<double>::random(4, 1, 910, 1.0);
+  CountingUpDrafter drafter{4};
+  DecoderOptions options;
+  options.tree_shape = TreeShape::branching({2, 1});
+  try {
+    SpeculativeDecoder decoder(target, drafter, options);
+    FAIL("a proposal drafter with a tree shape was accepted");
+  } catch (const specdec::error& e) {
+    CHECK(e.code() == specdec::errc::invalid_option);
+    CHECK_THAT(e.what(), ContainsSubstring("tree_shape"));
+  }
+  options.lenience = 0.5;
+  try {
+    SpeculativeDecoder decoder(target, draft, options);
+    FAIL("lenience < 1 with a tree shape was accepted");
+  } catch (const specdec::error& e) {
+    CHECK(e.code() == specdec::errc::invalid_option);
+    CHECK_THAT(e.what(), ContainsSubstring("tree_shape"));
+    CHECK_THAT(e.what(), ContainsSubstring("lenience"));
+  }
+  options.lenience = 1.0;
+  options.tree_sampling = expansion::one_hot;
+  CHECK(error_code_of([&] { SpeculativeDecoder decoder(target, draft, options); }) ==
+        invalid_option);
+  // The root alone is the chain path: fine for drafters and lenient verification.
+  DecoderOptions chain;
+  chain.lenience = 0.5;
+  CHECK(error_code_of([&] { SpeculativeDecoder decoder(target, drafter, chain); }) == 0);
+}
+
+namespace {
+
+// Throws on its `fail_at`-th call (0-based), or returns a row of the wrong size.
+struct FailingModel {
+  MarkovModel<double>* inner;
+  std::size_t fail_at = 0;
+  bool wrong_size = false;
+  std::size_t calls = 0;
+  std::vector<double> buffer{};
+  std::size_t vocab_size() const { return inner->vocab_size(); }
+  std::span<const double> next_token_probabilities(std::span<const token_id> context) {
+    const auto row = inner->next_token_probabilities(context);
+    buffer.assign(row.begin(), row.end());
+    if (calls++ == fail_at) {
+      if (!wrong_size) throw std::runtime_error("device lost");
+      buffer.push_back(0.0);
+    }
+    return buffer;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("SpeculativeDecoder tree: model failures become decoding_error",
+          "[speculative_decoder][tree][errors]") {
+  auto inner_target = MarkovModel<double>::random(5, 2, 111, 1.0);
+  auto draft = MarkovModel<double>::random(5, 1, 112, 1.0).order1_blend(inner_target, 0.5);
+  DecoderOptions options;
+  options.tree_shape = TreeShape::branching({2, 1});  // 4 draft nodes, 5 target calls
+  for (const bool wrong_size : {false, true}) {
+    INFO("wrong size " << wrong_size);
+    FailingModel target{&inner_target, 12, wrong_size};  // in the third step
+    SpeculativeDecoder decoder(target, draft, options);
+    try {
+      (void)decoder.generate(std::vector<token_id>{0}, 100, std::uint64_t{8});
+      FAIL("no error");
+    } catch (const specdec::decoding_error& e) {
+      CHECK(e.code() == (wrong_size ? specdec::errc::invalid_size : specdec::errc::model_failure));
+      CHECK(e.step() == 2);
+      CHECK_THAT(e.what(), ContainsSubstring("tree step 2"));
+      if (!wrong_size) {
+        CHECK_THAT(e.what(), ContainsSubstring("device lost"));
+        CHECK_THROWS_AS(std::rethrow_if_nested(e), std::runtime_error);
+      }
+      // Tokens of the two completed steps are kept; the statistics of those steps too.
+      CHECK(e.tokens().size() >= 2);
+      CHECK(std::vector<token_id>(e.tokens().begin(), e.tokens().end()) ==
+            std::vector<token_id>(decoder.generated().begin(), decoder.generated().end()));
+      CHECK(decoder.statistics().steps == 2);
+    }
+    // The decoder stays usable.
+    target.fail_at = static_cast<std::size_t>(-1);
+    CHECK(decoder.generate(std::vector<token_id>{0}, 10, std::uint64_t{9}).tokens.size() == 10);
+  }
+}
