@@ -296,18 +296,43 @@ TEST_CASE("D10 generate: empty prompt", "[errors][speculative_decoder]") {
   CHECK(draft.contexts.front().empty());
 }
 
-TEST_CASE("D11 generate: prompt ids outside 0..V-1 are passed to the models unchecked",
+TEST_CASE("D11 generate and step: prompt or context ids outside 0..V-1",
           "[errors][speculative_decoder]") {
-  // Documented behaviour (docs/errors.md, finding F3): the decoder does not validate the
-  // prompt; a model that cannot handle an id must throw (it then surfaces as model_failure).
   ScriptedModel<float> target;
   ScriptedModel<float> draft;
   specdec::SpeculativeDecoder decoder(target, draft, fixed(2));
-  const std::vector<token_id> wild{7, -3};
-  const auto result = decoder.generate(wild, 3, std::uint64_t{3});
-  CHECK(result.tokens.size() == 3);
-  for (const token_id token : result.tokens) CHECK((token >= 0 && token < 4));
-  CHECK(target.contexts.front() == wild);
+  const auto first = decoder.generate(prompt, 3, std::uint64_t{3});
+  const std::vector<token_id> kept(first.tokens.begin(), first.tokens.end());
+  const std::size_t calls = target.calls + draft.calls;
+  check_error(
+      "D11",
+      [&] {
+        (void)decoder.generate(std::vector<token_id>{1, 7, -3}, 3, std::uint64_t{3});
+      },
+      errc::invalid_token, "prompt token at position 1: id 7 is outside [0, 4)");
+  check_error(
+      "D11", [&] { (void)decoder.generate(std::vector<token_id>{-3}, 3, std::uint64_t{3}); },
+      errc::invalid_token, "prompt token at position 0: id -3 is outside [0, 4)");
+  CHECK(target.calls + draft.calls == calls);  // the models never saw the bad ids
+  // Nothing already generated is lost: the last result is still readable.
+  CHECK(std::vector<token_id>(decoder.generated().begin(), decoder.generated().end()) == kept);
+  try {
+    (void)decoder.generate(std::vector<token_id>{4}, 3, std::uint64_t{3});
+    FAIL("no exception");
+  } catch (const specdec::decoding_error& e) {
+    CHECK(e.tokens().empty());
+    CHECK(e.step() == 0);
+  }
+  specdec::xoshiro256pp g(1);
+  check_error(
+      "D11",
+      [&] {
+        (void)decoder.step(std::vector<token_id>{0, 1, 2, 3, 4}, g);
+      },
+      errc::invalid_token, "context token at position 4: id 4 is outside [0, 4)");
+  CHECK(target.calls + draft.calls == calls);
+  // The decoder stays usable.
+  CHECK(decoder.generate(prompt, 3, std::uint64_t{3}).tokens == kept);
 }
 
 // --- misbehaving models during generate() -------------------------------------------------
@@ -348,8 +373,8 @@ TEMPLATE_TEST_CASE("D13 generate: NaN / infinite or negative probability from a 
         "D13", [&] { (void)decoder.generate(prompt, 8, std::uint64_t{1}); },
         errc::invalid_probability,
         how == fault::nan_entry
-            ? "target row 1 (step 0): entry for token 1 is NaN (sequence position 3)"
-            : "target row 1 (step 0): entry for token 1 is negative");
+            ? "target row 1 (step 0, sequence position 3): entry for token 1 is NaN"
+            : "target row 1 (step 0, sequence position 3): entry for token 1 is negative");
   }
 }
 
@@ -362,7 +387,7 @@ TEMPLATE_TEST_CASE("D14 generate: all-zero row from a model", "[errors][speculat
   specdec::SpeculativeDecoder decoder(target, draft, fixed(3));
   check_error(
       "D14", [&] { (void)decoder.generate(prompt, 8, std::uint64_t{1}); }, errc::zero_mass,
-      "draft row 1 (step 0): all entries are zero (sequence position 3)");
+      "draft row 1 (step 0, sequence position 3): all entries are zero");
 }
 
 TEMPLATE_TEST_CASE("D15 generate: row that does not sum to 1 from a model",
@@ -374,7 +399,7 @@ TEMPLATE_TEST_CASE("D15 generate: row that does not sum to 1 from a model",
   specdec::SpeculativeDecoder decoder(target, draft, fixed(1));
   check_error(
       "D15", [&] { (void)decoder.generate(prompt, 8, std::uint64_t{1}); }, errc::not_normalized,
-      "target row 0 (step 0): entries sum to 1.5");
+      "target row 0 (step 0, sequence position 2): entries sum to 1.5");
 }
 
 TEMPLATE_TEST_CASE("D16 generate: score_draft returns the wrong number of rows",

@@ -218,7 +218,7 @@ concept HasNextTokenProbabilities = requires(M& model, std::span<const token_id>
 ///    same model. Returning by value is always fine.
 ///
 /// Stateful models (KV caches) keep their own state: the library always passes the whole
-/// context and `CachedContext` (speculative_decoder.hpp) turns it into truncate/append.
+/// context and `CachedContext` (cached_context.hpp) turns it into truncate/append.
 /// @code
 /// struct Bigram {
 ///   std::vector<std::vector<float>> table;  // table[previous token] = next-token row

@@ -354,6 +354,7 @@ class SpeculativeDecoder {
   /// model misbehaves.
   template <std::uniform_random_bit_generator G>
   GenerationResult generate(std::span<const token_id> prompt, std::size_t max_new_tokens, G& g) {
+    check_context(prompt, "prompt", 0);  // before anything changes: the last result stays intact
     GenerationResult result;
     result.statistics.accepted_histogram.reserve(workspace_gamma_ + 1);
     sequence_.clear();
@@ -393,6 +394,7 @@ class SpeculativeDecoder {
   /// nothing).
   template <std::uniform_random_bit_generator G>
   StepResult step(std::span<const token_id> context, G& g, std::size_t max_tokens = unlimited) {
+    check_context(context, "context", step_index_);
     if (max_tokens == 0) return StepResult{.stop = stop_reason::max_new_tokens};
     sequence_.assign(context.begin(), context.end());
     prompt_length_ = context.size();
@@ -538,6 +540,22 @@ class SpeculativeDecoder {
     throw decoding_error(code, message, step_index_);
   }
 
+  // Every id of a prompt (generate) or context (step) must lie in [0, V): the models are
+  // never given an id outside their vocabulary. Throws invalid_token naming the position.
+  void check_context(std::span<const token_id> context, std::string_view what,
+                     std::size_t step) const {
+    for (std::size_t i = 0; i < context.size(); ++i) {
+      const token_id id = context[i];
+      if (id < 0 || static_cast<std::size_t>(id) >= vocab_size_) {
+        throw decoding_error(errc::invalid_token,
+                             std::string(what) + " token at position " + std::to_string(i) +
+                                 ": id " + std::to_string(id) + " is outside [0, " +
+                                 std::to_string(vocab_size_) + ")",
+                             step);
+      }
+    }
+  }
+
   // Runs a model call; any exception becomes a decoding_error (model_failure) naming the
   // model, step, row and position, with the original exception nested.
   template <class Call>
@@ -581,11 +599,15 @@ class SpeculativeDecoder {
     if (detail::plausible_probability_row(row.data(), row.size(), default_sum_tolerance<U>)) {
       return;
     }
+    const RowLocation where{model, step_index_, index};
     try {
-      validate_probability_row(row, vocab_size_, RowLocation{model, step_index_, index});
+      validate_probability_row(row, vocab_size_, where);
     } catch (const error& e) {
-      fail(e.code(), detail::bare_message(e) + " (sequence position " +
-                         std::to_string(base_length_ + index) + ")");
+      // Same layout as the size errors: "<model> row i (step s, sequence position k): ..."
+      std::string problem = detail::bare_message(e);
+      const std::string prefix = detail::describe_location(where, "row") + ": ";
+      if (problem.starts_with(prefix)) problem.erase(0, prefix.size());
+      fail(e.code(), describe(model, index) + ": " + problem);
     }
   }
 

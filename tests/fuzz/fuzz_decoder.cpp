@@ -293,6 +293,7 @@ struct Setup {
   specdec::DecoderOptions options;
   std::vector<errc> construction_problems;
   std::vector<token_id> prompt;
+  bool prompt_out_of_range = false;  // some id outside [0, V): every generate() must refuse it
   std::size_t max_new_tokens = 0;
 };
 
@@ -396,6 +397,7 @@ Setup make_setup(FuzzedDataProvider& in, std::size_t vocab, bool pure) {
   for (token_id& token : setup.prompt) {
     token = wild_prompt ? in.ConsumeIntegral<token_id>()
                         : in.ConsumeIntegralInRange<token_id>(0, static_cast<token_id>(vocab) - 1);
+    if (token < 0 || static_cast<std::size_t>(token) >= vocab) setup.prompt_out_of_range = true;
   }
   setup.max_new_tokens = in.ConsumeIntegralInRange<std::size_t>(0, 40);
   return setup;
@@ -423,6 +425,22 @@ void exercise(FuzzedDataProvider& in, FaultLog& log, Decoder& decoder, const Tar
     log.clear();
     specdec::xoshiro256pp g(in.ConsumeIntegral<std::uint64_t>());
     const std::size_t max_new_tokens = round == 0 ? setup.max_new_tokens : 12;
+    if (setup.prompt_out_of_range) {
+      // Refused before any model call, in every round, with nothing emitted.
+      bool refused = false;
+      try {
+        (void)decoder.generate(setup.prompt, max_new_tokens, g);
+      } catch (const specdec::decoding_error& e) {
+        refused = true;
+        specdec::fuzzing::check_error(e, {errc::invalid_token});
+        SPECDEC_FUZZ_CHECK(e.tokens().empty());
+      }
+      SPECDEC_FUZZ_CHECK(refused);
+      SPECDEC_FUZZ_CHECK(streamed.empty());
+      SPECDEC_FUZZ_CHECK(!log.any());
+      log.faults_enabled = false;
+      continue;
+    }
     try {
       const specdec::GenerationResult result = decoder.generate(setup.prompt, max_new_tokens, g);
       SPECDEC_FUZZ_CHECK(!log.any());

@@ -10,6 +10,7 @@
 
 #include <Eigen/Core>
 #include <array>
+#include <cmath>
 #include <cstddef>
 #include <limits>
 #include <utility>
@@ -276,8 +277,23 @@ template <class MassOf>
   return {no_index, 0.0};
 }
 
+/// The mass to walk to for a uniform u in [0, 1): u * total. When the total is subnormal
+/// (a double row whose whole mass is below DBL_MIN) every mass is a whole multiple of
+/// denorm_min and sums and differences of them are exact, but u * total would be rounded
+/// to such a multiple, giving the first and last positive entries half and 1.5 times their
+/// share. There the target is floor(u * N) units of denorm_min, N = total / denorm_min:
+/// uniform over {0, ..., N - 1}, so entry j is chosen with probability n_j / N exactly.
+[[nodiscard]] inline double draw_target(double total, double u) noexcept {
+  if (!(total < std::numeric_limits<double>::min())) return u * total;
+  constexpr double quantum = std::numeric_limits<double>::denorm_min();
+  const double units = total / quantum;  // exact: a whole number below 2^52
+  double k = std::floor(u * units);
+  if (k > units - 1.0) k = units - 1.0;
+  return k * quantum;
+}
+
 /// Inverse-CDF draw for `u` in [0, 1): the token whose cumulative weight first exceeds
-/// u * total. Exact up to the rounding stated at mass_table; never returns an index of
+/// draw_target(total, u). Exact up to the rounding stated at mass_table; never returns an index of
 /// zero weight, never one outside [0, size). Precondition: table.drawable() and the table
 /// was built from `source`. Returns no_index only if the row changed since (no weight
 /// found positive), which callers treat like zero mass.
@@ -285,7 +301,7 @@ template <class Source>
 [[nodiscard]] inline std::size_t draw_from_table(const Source& source, const mass_table& table,
                                                  double u) noexcept {
   const std::size_t size = source.size();
-  const walk_position superblock = find_superblock(table, u * table.total);
+  const walk_position superblock = find_superblock(table, draw_target(table.total, u));
   if (superblock.index == no_index) return no_index;
   const std::size_t first = superblock.index * table.superblock_elements;
   const std::size_t remaining_elements = size - first;
