@@ -3,8 +3,8 @@
 // allocations of many further steps — deterministic, unlike timing. Covers batched and
 // per-prefix targets, LanguageModel and proposal drafters, identity / truncated / greedy
 // sampling, validation and beta collection on, a streaming callback, a timed gamma policy,
-// and KV-cache models on CachedContext. generate() allocates only for its result, the same
-// number of times for 50 or 400 tokens.
+// token trees, and KV-cache models on CachedContext. generate() allocates only for its
+// result, the same number of times for 50 or 400 tokens.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -244,6 +244,22 @@ TEST_CASE("SpeculativeDecoder: no allocation per step in steady state", "[specul
     auto target = target_model;
     GreedyChainDrafter<float> drafter(draft_model);
     specdec::SpeculativeDecoder decoder(target, drafter, {.sampling = {.top_p = 0.95}});
+    CHECK(allocations_per_steady_state(decoder, 20, 300) == 0);
+  }
+  SECTION("token trees: per-path target, with and without replacement, greedy") {
+    auto target = target_model;
+    auto draft = draft_model;
+    for (const auto sampling : {specdec::expansion::without_replacement,
+                                specdec::expansion::with_replacement}) {
+      specdec::DecoderOptions options{.sampling = {.temperature = 0.9}};
+      options.tree_shape = specdec::TreeShape::branching({3, 2, 1});
+      options.tree_sampling = sampling;
+      specdec::SpeculativeDecoder decoder(target, draft, options);
+      CHECK(allocations_per_steady_state(decoder, 20, 300) == 0);
+    }
+    specdec::DecoderOptions greedy{.sampling = {.temperature = 0.0}};
+    greedy.tree_shape = specdec::TreeShape::branching({2, 2, 2});
+    specdec::SpeculativeDecoder decoder(target, draft, greedy);
     CHECK(allocations_per_steady_state(decoder, 20, 300) == 0);
   }
   SECTION("KV-cache models on CachedContext") {
