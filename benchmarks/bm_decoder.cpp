@@ -9,8 +9,9 @@
 //   vs_row_read      decoder time per step / time of one streaming read (a sum) of the
 //                    2 gamma + 1 rows the step is given, measured in the same run: the
 //                    floor for any code that looks at every row once
-//   allocs_per_step  heap allocations per step (global operator new is replaced in this
-//                    file and counted during the timed loop); must be 0
+//   allocs_per_step  heap allocations per step (global operator new is replaced by
+//                    tests/support/counting_allocator.hpp, counted during the timed
+//                    loop); must be 0
 // Variants: sampling identity (T = 1), truncated (T = 0.7, top-k 50, top-p 0.9) and greedy;
 // "novalidate" turns validate_rows and collect_beta off (the cheapest configuration).
 #include <benchmark/benchmark.h>
@@ -33,39 +34,7 @@
 #include "specdec/rows.hpp"
 #include "specdec/sampling.hpp"
 #include "specdec/speculative_decoder.hpp"
-
-namespace {
-
-std::size_t allocation_count = 0;
-bool counting = false;
-
-void* counted_allocation(std::size_t size) {
-  if (counting) ++allocation_count;
-  void* memory = std::malloc(size == 0 ? 1 : size);
-  if (memory == nullptr) throw std::bad_alloc();
-  return memory;
-}
-
-}  // namespace
-
-void* operator new(std::size_t size) {
-  return counted_allocation(size);
-}
-void* operator new[](std::size_t size) {
-  return counted_allocation(size);
-}
-void operator delete(void* memory) noexcept {
-  std::free(memory);
-}
-void operator delete[](void* memory) noexcept {
-  std::free(memory);
-}
-void operator delete(void* memory, std::size_t) noexcept {
-  std::free(memory);
-}
-void operator delete[](void* memory, std::size_t) noexcept {
-  std::free(memory);
-}
+#include "support/counting_allocator.hpp"
 
 namespace {
 
@@ -193,8 +162,7 @@ void BM_DecoderStep(benchmark::State& state) {
   const double read_seconds = row_read_seconds(rows);
   std::size_t tokens = 0;
   std::size_t steps = 0;
-  allocation_count = 0;
-  counting = true;
+  specdec::testing::AllocationCounter counter;
   const auto start = std::chrono::steady_clock::now();
   for (auto _ : state) {
     const auto result = decoder.step(context, g);
@@ -204,13 +172,13 @@ void BM_DecoderStep(benchmark::State& state) {
   }
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  counting = false;
+  const std::size_t allocations = counter.stop();
   state.SetItemsProcessed(static_cast<std::int64_t>(tokens));
   const auto step_count = static_cast<double>(steps);
   state.counters["tokens_per_step"] = static_cast<double>(tokens) / step_count;
   state.counters["ns_per_token"] = 1e9 * elapsed / static_cast<double>(tokens);
   state.counters["vs_row_read"] = elapsed / step_count / read_seconds;
-  state.counters["allocs_per_step"] = static_cast<double>(allocation_count) / step_count;
+  state.counters["allocs_per_step"] = static_cast<double>(allocations) / step_count;
   state.counters["acceptance"] = decoder.statistics().acceptance_rate();
 }
 

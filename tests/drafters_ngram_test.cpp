@@ -20,24 +20,7 @@
 #include "specdec/drafters/ngram.hpp"
 #include "specdec/error.hpp"
 #include "specdec/random.hpp"
-
-// Counts heap allocations, to show that steady-state drafting allocates nothing.
-namespace {
-std::size_t allocations = 0;
-}  // namespace
-
-// Out of line, so that GCC does not pair the inlined malloc/free with new/delete calls.
-[[gnu::noinline]] void* operator new(std::size_t size) {
-  ++allocations;
-  if (void* memory = std::malloc(size == 0 ? 1 : size)) return memory;
-  throw std::bad_alloc();
-}
-[[gnu::noinline]] void operator delete(void* memory) noexcept {
-  std::free(memory);
-}
-[[gnu::noinline]] void operator delete(void* memory, std::size_t) noexcept {
-  std::free(memory);
-}
+#include "support/counting_allocator.hpp"
 
 namespace {
 
@@ -326,9 +309,9 @@ TEST_CASE("NgramDrafter and its model view allocate nothing after construction",
   Tokens context;
   context.reserve(5000);
   std::array<token_id, 8> out{};
-  const std::size_t before = allocations;
+  specdec::testing::AllocationCounter counter;
   ::operator delete(::operator new(16));  // the counter works
-  REQUIRE(allocations == before + 1);
+  REQUIRE(counter.count() == 1);
   for (int i = 0; i < 2000; ++i) {
     context.push_back(static_cast<token_id>(specdec::uniform_below(rng, i % 300 < 200 ? 4 : 16)));
     if (i % 50 == 0) context.resize(context.size() / 2);  // rollbacks and rebuilds
@@ -337,5 +320,5 @@ TEST_CASE("NgramDrafter and its model view allocate nothing after construction",
     static_cast<void>(model.next_token_probabilities(context));
     context.pop_back();
   }
-  CHECK(allocations == before + 1);
+  CHECK(counter.stop() == 1);
 }

@@ -16,24 +16,7 @@
 #include "specdec/drafters/prompt_lookup.hpp"
 #include "specdec/error.hpp"
 #include "specdec/random.hpp"
-
-// Counts heap allocations, to show that steady-state drafting allocates nothing.
-namespace {
-std::size_t allocations = 0;
-}  // namespace
-
-// Out of line, so that GCC does not pair the inlined malloc/free with new/delete calls.
-[[gnu::noinline]] void* operator new(std::size_t size) {
-  ++allocations;
-  if (void* memory = std::malloc(size == 0 ? 1 : size)) return memory;
-  throw std::bad_alloc();
-}
-[[gnu::noinline]] void operator delete(void* memory) noexcept {
-  std::free(memory);
-}
-[[gnu::noinline]] void operator delete(void* memory, std::size_t) noexcept {
-  std::free(memory);
-}
+#include "support/counting_allocator.hpp"
 
 namespace {
 
@@ -205,10 +188,10 @@ TEST_CASE("PromptLookupDrafter allocates nothing once its failure array has grow
   for (auto& t : context) t = static_cast<token_id>(specdec::uniform_below(rng, 3));
   std::array<token_id, 8> out{};
   static_cast<void>(lookup.propose(Tokens(40, 0), out));  // grows the array to max_ngram
-  const std::size_t before = allocations;
+  specdec::testing::AllocationCounter counter;
   ::operator delete(::operator new(16));  // the counter works
-  REQUIRE(allocations == before + 1);
+  REQUIRE(counter.count() == 1);
   for (std::size_t length = 2; length <= context.size(); ++length)
     static_cast<void>(lookup.propose(std::span<const token_id>(context).first(length), out));
-  CHECK(allocations == before + 1);
+  CHECK(counter.stop() == 1);
 }

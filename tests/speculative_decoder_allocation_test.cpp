@@ -19,80 +19,7 @@
 #include "specdec/random.hpp"
 #include "specdec/speculative_decoder.hpp"
 #include "speculative_decoder_models.hpp"
-
-namespace {
-
-std::size_t allocation_count = 0;
-bool counting = false;
-
-void* counted_allocation(std::size_t size) {
-  if (counting) ++allocation_count;
-  void* memory = std::malloc(size == 0 ? 1 : size);
-  if (memory == nullptr) throw std::bad_alloc();
-  return memory;
-}
-
-void* counted_aligned_allocation(std::size_t size, std::align_val_t alignment) {
-  if (counting) ++allocation_count;
-  const auto align = static_cast<std::size_t>(alignment);
-  const std::size_t rounded = (size + align - 1) / align * align;
-  void* memory = std::aligned_alloc(align, rounded == 0 ? align : rounded);
-  if (memory == nullptr) throw std::bad_alloc();
-  return memory;
-}
-
-}  // namespace
-
-void* operator new(std::size_t size) {
-  return counted_allocation(size);
-}
-void* operator new[](std::size_t size) {
-  return counted_allocation(size);
-}
-void* operator new(std::size_t size, const std::nothrow_t&) noexcept {
-  try {
-    return counted_allocation(size);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void* operator new[](std::size_t size, const std::nothrow_t&) noexcept {
-  try {
-    return counted_allocation(size);
-  } catch (...) {
-    return nullptr;
-  }
-}
-void* operator new(std::size_t size, std::align_val_t alignment) {
-  return counted_aligned_allocation(size, alignment);
-}
-void* operator new[](std::size_t size, std::align_val_t alignment) {
-  return counted_aligned_allocation(size, alignment);
-}
-void operator delete(void* memory) noexcept {
-  std::free(memory);
-}
-void operator delete[](void* memory) noexcept {
-  std::free(memory);
-}
-void operator delete(void* memory, std::size_t) noexcept {
-  std::free(memory);
-}
-void operator delete[](void* memory, std::size_t) noexcept {
-  std::free(memory);
-}
-void operator delete(void* memory, std::align_val_t) noexcept {
-  std::free(memory);
-}
-void operator delete[](void* memory, std::align_val_t) noexcept {
-  std::free(memory);
-}
-void operator delete(void* memory, std::size_t, std::align_val_t) noexcept {
-  std::free(memory);
-}
-void operator delete[](void* memory, std::size_t, std::align_val_t) noexcept {
-  std::free(memory);
-}
+#include "support/counting_allocator.hpp"
 
 namespace {
 
@@ -116,11 +43,9 @@ std::size_t allocations_per_steady_state(Decoder& decoder, std::size_t warm_up, 
     }
   };
   run(warm_up);
-  allocation_count = 0;
-  counting = true;
+  specdec::testing::AllocationCounter counter;
   run(steps);
-  counting = false;
-  return allocation_count;
+  return counter.stop();
 }
 
 // A gamma policy that wants timings (so the decoder reads the clock) and adapts gamma
@@ -195,14 +120,12 @@ MarkovModel<float> draft_chain(const MarkovModel<float>& target) {
 
 TEST_CASE("Allocation counter: sees allocations", "[speculative_decoder]") {
   static volatile std::size_t sink = 0;
-  allocation_count = 0;
-  counting = true;
+  specdec::testing::AllocationCounter counter;
   {
     std::vector<token_id> probe(sink + 16);
     sink = sink + probe.size();
   }
-  counting = false;
-  CHECK(allocation_count == 1);
+  CHECK(counter.stop() == 1);
 }
 
 TEST_CASE("SpeculativeDecoder: no allocation per step in steady state", "[speculative_decoder]") {
@@ -249,8 +172,8 @@ TEST_CASE("SpeculativeDecoder: no allocation per step in steady state", "[specul
   SECTION("token trees: per-path target, with and without replacement, greedy") {
     auto target = target_model;
     auto draft = draft_model;
-    for (const auto sampling : {specdec::expansion::without_replacement,
-                                specdec::expansion::with_replacement}) {
+    for (const auto sampling :
+         {specdec::expansion::without_replacement, specdec::expansion::with_replacement}) {
       specdec::DecoderOptions options{.sampling = {.temperature = 0.9}};
       options.tree_shape = specdec::TreeShape::branching({3, 2, 1});
       options.tree_sampling = sampling;
@@ -279,12 +202,11 @@ TEST_CASE("SpeculativeDecoder: generate() allocates only for its result", "[spec
   const std::vector<token_id> prompt = {5, 6, 7};
   const auto count = [&](std::size_t tokens) {
     (void)decoder.generate(prompt, tokens, 1);  // warm up at this length
-    allocation_count = 0;
-    counting = true;
+    specdec::testing::AllocationCounter counter;
     const auto result = decoder.generate(prompt, tokens, 2);
-    counting = false;
+    const std::size_t allocations = counter.stop();
     CHECK(result.tokens.size() == tokens);
-    return allocation_count;
+    return allocations;
   };
   const std::size_t short_run = count(50);
   const std::size_t long_run = count(400);

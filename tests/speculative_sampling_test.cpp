@@ -26,6 +26,7 @@
 
 #include "specdec/random.hpp"
 #include "specdec/speculative_sampling.hpp"
+#include "support/scripted_uniforms.hpp"
 #include "support/statistics.hpp"
 
 namespace {
@@ -34,45 +35,15 @@ using specdec::token_id;
 using specdec::token_source;
 using specdec::VerificationResult;
 
-/// Sanitizer builds (-O1 with AddressSanitizer and UBSan instrumentation, about 10x slower)
-/// run every statistical test on the same pairs and code paths with 1/4 of the samples
-/// (power for a total-variation error of 0.02): they look for memory errors and
-/// undefined behaviour. The optimised builds run the full sizes (power for 0.01).
-#if defined(__SANITIZE_ADDRESS__)
-constexpr std::size_t sanitizer_divisor = 4;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr std::size_t sanitizer_divisor = 4;
-#else
-constexpr std::size_t sanitizer_divisor = 1;
-#endif
-#else
-constexpr std::size_t sanitizer_divisor = 1;
-#endif
+using specdec::testing::all_ones;
+using specdec::testing::bits_for;
+using specdec::testing::one_ulp;
+using specdec::testing::ScriptedGenerator;
 
-/// samples_to_detect(tv, df), divided by sanitizer_divisor in sanitizer builds.
+/// samples_to_detect(tv, df), scaled down in sanitizer builds (support/scripted_uniforms.hpp).
 std::size_t samples_to_detect(double tv, std::size_t degrees_of_freedom) {
-  return specdec::testing::samples_to_detect(
-             tv, static_cast<double>(degrees_of_freedom > 1 ? degrees_of_freedom : 1)) /
-         sanitizer_divisor;
+  return specdec::testing::scaled_samples_to_detect(tv, degrees_of_freedom);
 }
-
-/// A generator replaying given 64-bit outputs, to script the uniforms a step sees.
-struct ScriptedGenerator {
-  using result_type = std::uint64_t;
-  std::vector<std::uint64_t> outputs;
-  std::size_t next = 0;
-  static constexpr result_type min() { return 0; }
-  static constexpr result_type max() { return std::numeric_limits<result_type>::max(); }
-  result_type operator()() { return outputs.at(next++); }
-};
-
-/// The raw output for which uniform01<double> returns exactly u (u a multiple of 2^-53).
-std::uint64_t bits_for(double u) {
-  return static_cast<std::uint64_t>(std::ldexp(u, 53)) << 11U;
-}
-constexpr std::uint64_t all_ones = ~std::uint64_t{0};       // u = 1 - 2^-53
-constexpr std::uint64_t one_ulp = std::uint64_t{1} << 11U;  // 2^-53 in u
 
 /// Rows stored densely, viewed as RowsView.
 template <class T>
