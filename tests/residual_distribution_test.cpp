@@ -161,46 +161,11 @@ std::vector<Pair> residual_pairs() {
   return pairs;
 }
 
-/// Groups tokens for a chi-square over a large vocabulary: the `individual` most likely
-/// tokens get their own bucket, the rest are split in id order into `groups` buckets of
-/// about equal mass. Returns the bucket of every token.
-std::vector<std::size_t> bucket_tokens(const std::vector<double>& law, std::size_t individual = 31,
-                                       std::size_t groups = 32) {
-  std::vector<std::size_t> bucket(law.size(), 0);
-  if (law.size() <= individual + groups) {
-    std::iota(bucket.begin(), bucket.end(), 0);
-    return bucket;
-  }
-  std::vector<std::size_t> order(law.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(individual),
-                    order.end(), [&](std::size_t a, std::size_t b) { return law[a] > law[b]; });
-  std::vector<bool> alone(law.size(), false);
-  double rest = 1.0;
-  for (std::size_t k = 0; k < individual; ++k) {
-    bucket[order[k]] = k;
-    alone[order[k]] = true;
-    rest -= law[order[k]];
-  }
-  double running = 0.0;
-  for (std::size_t j = 0; j < law.size(); ++j) {
-    if (alone[j]) continue;
-    const auto group =
-        rest <= 0.0
-            ? 0
-            : std::min(groups - 1,
-                       static_cast<std::size_t>(running / rest * static_cast<double>(groups)));
-    bucket[j] = individual + group;
-    running += law[j];
-  }
-  return bucket;
-}
-
 /// Draws `samples` tokens with `draw()` and runs the chi-square against `law` (bucketed).
 template <class Draw>
 specdec::testing::ChiSquareResult chi_square_of(const std::vector<double>& law, std::size_t samples,
                                                 Draw&& draw) {
-  const auto bucket = bucket_tokens(law);
+  const auto bucket = specdec::testing::bucket_tokens(law);
   const std::size_t buckets = *std::max_element(bucket.begin(), bucket.end()) + 1;
   std::vector<double> expected(buckets, 0.0);
   for (std::size_t j = 0; j < law.size(); ++j) expected[bucket[j]] += law[j];
@@ -222,7 +187,7 @@ specdec::testing::ChiSquareResult chi_square_of(const std::vector<double>& law, 
 
 /// Number of samples that detects a total-variation error of 0.01 for this law's buckets.
 std::size_t samples_for(const std::vector<double>& law) {
-  const auto bucket = bucket_tokens(law);
+  const auto bucket = specdec::testing::bucket_tokens(law);
   const std::size_t buckets = *std::max_element(bucket.begin(), bucket.end()) + 1;
   return samples_to_detect(0.01, buckets - 1);
 }

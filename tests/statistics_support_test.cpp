@@ -1,6 +1,8 @@
 // Tests for tests/support/statistics.hpp: the statistic every distribution test relies on.
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
+#include <numeric>
 #include <vector>
 
 #include <catch2/catch_approx.hpp>
@@ -54,4 +56,27 @@ TEST_CASE("samples_to_detect gives enough samples to catch a 0.01 TV shift", "[s
     shifted[i] = static_cast<std::uint64_t>(std::llround(q * static_cast<double>(n)));
   }
   CHECK_FALSE(specdec::testing::chi_square_test(shifted, p).passed());
+}
+
+TEST_CASE("bucket_tokens: top tokens alone, the tail in groups of about equal mass", "[support]") {
+  // Small laws: one bucket per token.
+  const std::vector<double> small{0.5, 0.25, 0.25};
+  CHECK(specdec::testing::bucket_tokens(small) == std::vector<std::size_t>{0, 1, 2});
+  // 1000 tokens with mass proportional to 1 / (j + 1): 31 single buckets + 32 groups.
+  std::vector<double> law(1000);
+  for (std::size_t j = 0; j < law.size(); ++j) law[j] = 1.0 / static_cast<double>(j + 1);
+  const double total = std::accumulate(law.begin(), law.end(), 0.0);
+  for (double& w : law) w /= total;
+  const auto bucket = specdec::testing::bucket_tokens(law);
+  for (std::size_t j = 0; j < 31; ++j) CHECK(bucket[j] == j);  // the 31 most likely
+  std::vector<double> mass(63, 0.0);
+  for (std::size_t j = 0; j < law.size(); ++j) {
+    REQUIRE(bucket[j] < 63);
+    mass[bucket[j]] += law[j];
+  }
+  const double tail = std::accumulate(mass.begin() + 31, mass.end(), 0.0);
+  for (std::size_t b = 31; b < 63; ++b) {
+    CHECK(mass[b] > 0.0);
+    CHECK(mass[b] < 3.0 * tail / 32.0);  // no group holds much more than its share
+  }
 }

@@ -179,4 +179,40 @@ inline double total_variation(std::span<const double> a, std::span<const double>
   return 0.5 * sum;
 }
 
+/// Groups tokens for a chi-square over a large vocabulary: the `individual` most likely
+/// tokens get their own bucket, the rest are split in id order into `groups` buckets of
+/// about equal mass. Returns the bucket of every token.
+inline std::vector<std::size_t> bucket_tokens(const std::vector<double>& law,
+                                              std::size_t individual = 31,
+                                              std::size_t groups = 32) {
+  std::vector<std::size_t> bucket(law.size(), 0);
+  if (law.size() <= individual + groups) {
+    std::iota(bucket.begin(), bucket.end(), 0);
+    return bucket;
+  }
+  std::vector<std::size_t> order(law.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(individual),
+                    order.end(), [&](std::size_t a, std::size_t b) { return law[a] > law[b]; });
+  std::vector<bool> alone(law.size(), false);
+  double rest = 1.0;
+  for (std::size_t k = 0; k < individual; ++k) {
+    bucket[order[k]] = k;
+    alone[order[k]] = true;
+    rest -= law[order[k]];
+  }
+  double running = 0.0;
+  for (std::size_t j = 0; j < law.size(); ++j) {
+    if (alone[j]) continue;
+    const auto group =
+        rest <= 0.0
+            ? 0
+            : std::min(groups - 1,
+                       static_cast<std::size_t>(running / rest * static_cast<double>(groups)));
+    bucket[j] = individual + group;
+    running += law[j];
+  }
+  return bucket;
+}
+
 }  // namespace specdec::testing
