@@ -17,7 +17,9 @@
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include "specdec/draft_tree.hpp"
+#include "specdec/error.hpp"
 #include "specdec/random.hpp"
+#include "specdec/rows.hpp"
 #include "specdec/sampling.hpp"
 #include "specdec/speculative_decoder.hpp"
 #include "speculative_decoder_models.hpp"
@@ -423,9 +425,9 @@ TEST_CASE("SpeculativeDecoder tree: model failures become decoding_error",
     } catch (const specdec::decoding_error& e) {
       CHECK(e.code() == (wrong_size ? specdec::errc::invalid_size : specdec::errc::model_failure));
       CHECK(e.step() == 2);
-      CHECK_THAT(e.what(), ContainsSubstring("tree step 2"));
+      CHECK_THAT(e.what(), ContainsSubstring("tree step 2 (sequence position "));
       if (!wrong_size) {
-        CHECK_THAT(e.what(), ContainsSubstring("device lost"));
+        CHECK_THAT(e.what(), ContainsSubstring("the target model threw: device lost"));
         CHECK_THROWS_AS(std::rethrow_if_nested(e), std::runtime_error);
       }
       // Tokens of the two completed steps are kept; the statistics of those steps too.
@@ -437,5 +439,82 @@ TEST_CASE("SpeculativeDecoder tree: model failures become decoding_error",
     // The decoder stays usable.
     target.fail_at = static_cast<std::size_t>(-1);
     CHECK(decoder.generate(std::vector<token_id>{0}, 10, std::uint64_t{9}).tokens.size() == 10);
+  }
+}
+
+namespace {
+
+// A batched target (score_draft) or a draft that throws a specdec::error of its own on its
+// `fail_at`-th call: a model's exception, not a bad row.
+struct ThrowingSpecdecErrorModel {
+  MarkovModel<double>* inner;
+  std::size_t fail_at = 0;
+  std::size_t calls = 0;
+  std::vector<double> rows{};
+  std::size_t vocab_size() const { return inner->vocab_size(); }
+  std::span<const double> next_token_probabilities(std::span<const token_id> context) {
+    if (calls++ == fail_at) {
+      throw specdec::error(specdec::errc::invalid_token, "engine: token not in the cache");
+    }
+    return inner->next_token_probabilities(context);
+  }
+  specdec::RowsView<const double> score_draft(std::span<const token_id> context,
+                                              std::span<const token_id> draft) {
+    if (calls++ == fail_at) throw std::runtime_error("batch too large");
+    rows.clear();
+    std::vector<token_id> prefix(context.begin(), context.end());
+    for (std::size_t i = 0; i <= draft.size(); ++i) {
+      const auto row = inner->next_token_probabilities(prefix);
+      rows.insert(rows.end(), row.begin(), row.end());
+      if (i < draft.size()) prefix.push_back(draft[i]);
+    }
+    return {rows.data(), draft.size() + 1, vocab_size()};
+  }
+};
+
+}  // namespace
+
+TEST_CASE("SpeculativeDecoder tree: any exception of a model is model_failure, naming the model",
+          "[speculative_decoder][tree][errors]") {
+  auto inner_target = MarkovModel<double>::random(5, 2, 121, 1.0);
+  auto inner_draft = MarkovModel<double>::random(5, 1, 122, 1.0).order1_blend(inner_target, 0.5);
+  DecoderOptions options;
+  options.tree_shape = TreeShape::branching({2, 1});
+  {  // the draft throws a specdec::error: model_failure, the error nested with its own code
+    auto target = inner_target;
+    ThrowingSpecdecErrorModel draft{&inner_draft, 7};
+    SpeculativeDecoder decoder(target, draft, options);
+    try {
+      (void)decoder.generate(std::vector<token_id>{0}, 100, std::uint64_t{5});
+      FAIL("no error");
+    } catch (const specdec::decoding_error& e) {
+      CHECK(e.code() == specdec::errc::model_failure);
+      CHECK_THAT(e.what(),
+                 ContainsSubstring("the draft model threw: specdec: invalid_token: engine:"));
+      try {
+        std::rethrow_if_nested(e);
+        FAIL("nothing nested");
+      } catch (const specdec::error& nested) {
+        CHECK(nested.code() == specdec::errc::invalid_token);
+      }
+      CHECK(std::vector<token_id>(e.tokens().begin(), e.tokens().end()) ==
+            std::vector<token_id>(decoder.generated().begin(), decoder.generated().end()));
+    }
+    draft.fail_at = static_cast<std::size_t>(-1);
+    CHECK(decoder.generate(std::vector<token_id>{0}, 10, std::uint64_t{9}).tokens.size() == 10);
+  }
+  {  // a batched target throwing from score_draft
+    ThrowingSpecdecErrorModel target{&inner_target, 3};
+    static_assert(specdec::BatchedLanguageModel<ThrowingSpecdecErrorModel>);
+    auto draft = inner_draft;
+    SpeculativeDecoder decoder(target, draft, options);
+    try {
+      (void)decoder.generate(std::vector<token_id>{0}, 100, std::uint64_t{5});
+      FAIL("no error");
+    } catch (const specdec::decoding_error& e) {
+      CHECK(e.code() == specdec::errc::model_failure);
+      CHECK_THAT(e.what(), ContainsSubstring("the target model threw: batch too large"));
+      CHECK_THROWS_AS(std::rethrow_if_nested(e), std::runtime_error);
+    }
   }
 }

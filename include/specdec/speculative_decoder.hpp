@@ -250,6 +250,55 @@ struct GenerationResult {
   DecoderStatistics statistics{};  ///< of this call only
 };
 
+namespace detail {
+
+/// What GuardedModel throws when the model it wraps throws: the model's own exception.
+struct guarded_model_failure {
+  std::string_view model;  ///< "target" or "draft"
+  std::exception_ptr original;
+};
+
+/// Forwards every call to a model and turns anything the model throws into
+/// guarded_model_failure, so that the tree code's own specdec::error (bad rows) and an
+/// exception of the model (even a specdec::error) stay apart. Models the same concepts
+/// (BatchedLanguageModel, TreeScoringModel) as the model it wraps; results are forwarded
+/// unchanged (views stay views).
+template <class M>
+class GuardedModel {
+ public:
+  GuardedModel(M& model, std::string_view name) noexcept : model_(&model), name_(name) {}
+
+  [[nodiscard]] decltype(auto) vocab_size() const {
+    return guard([this]() -> decltype(auto) { return std::as_const(*model_).vocab_size(); });
+  }
+  decltype(auto) next_token_probabilities(std::span<const token_id> context) {
+    return guard([&]() -> decltype(auto) { return model_->next_token_probabilities(context); });
+  }
+  decltype(auto) score_draft(std::span<const token_id> context,
+                             std::span<const token_id> draft) requires HasDraftScoring<M> {
+    return guard([&]() -> decltype(auto) { return model_->score_draft(context, draft); });
+  }
+  decltype(auto) score_tree(std::span<const token_id> context,
+                            const TokenTreeView& tree) requires HasTreeScoring<M> {
+    return guard([&]() -> decltype(auto) { return model_->score_tree(context, tree); });
+  }
+
+ private:
+  template <class Call>
+  decltype(auto) guard(Call&& call) const {
+    try {
+      return std::forward<Call>(call)();
+    } catch (...) {
+      throw guarded_model_failure{name_, std::current_exception()};
+    }
+  }
+
+  M* model_;
+  std::string_view name_;
+};
+
+}  // namespace detail
+
 template <LanguageModel TargetModel, DraftSource DraftModel>
 class SpeculativeDecoder;
 
@@ -662,8 +711,8 @@ class SpeculativeDecoder {
 
   // One tree step (tree_verification.hpp) in place of drafting, scoring and verification:
   // leaves the accepted path in sequence_ and t in step_tokens_[n], as verify() does, then
-  // emits through the common cut. specdec::error from the tree code keeps its code; any
-  // other exception (a model threw) becomes model_failure with the exception nested.
+  // emits through the common cut. specdec::error from the tree code keeps its code; anything
+  // a model throws (a specdec::error too) becomes model_failure with the exception nested.
   template <class G>
   StepResult run_tree_step(G& g, std::size_t max_tokens, std::size_t stop_floor) {
     StepResult result;
@@ -671,9 +720,11 @@ class SpeculativeDecoder {
       if constexpr (draft_is_model) {
         const std::span<const token_id> context(sequence_.data(), base_length_);
         // Greedy trees ignore the transform (top-k drafting, argmax of the raw rows).
+        detail::GuardedModel<TargetModel> target(*target_, "target");
+        detail::GuardedModel<DraftModel> draft(*draft_, "draft");
         const TreeStepResult tree_result = call_tree([&] {
           return tree_step(
-              *target_, *draft_, context, tree_options_, g, tree_workspace_, step_index_,
+              target, draft, context, tree_options_, g, tree_workspace_, step_index_,
               [this](auto raw, std::span<value_type> out) { standardizer_.apply(raw, out); });
         });
         result.drafted = tree_result.nodes_scored;
@@ -702,19 +753,28 @@ class SpeculativeDecoder {
     try {
       return std::forward<Call>(call)();
     } catch (const error& e) {
-      fail(e.code(), "tree step " + std::to_string(step_index_) + " (sequence position " +
-                         std::to_string(base_length_) + "): " + detail::bare_message(e));
-    } catch (const std::exception& e) {
-      std::throw_with_nested(decoding_error(
-          errc::model_failure,
-          "tree step " + std::to_string(step_index_) + ": a model threw: " + e.what(),
-          step_index_));
-    } catch (...) {
-      std::throw_with_nested(decoding_error(
-          errc::model_failure,
-          "tree step " + std::to_string(step_index_) + ": a model threw a non-std exception",
-          step_index_));
+      fail(e.code(), tree_location() + ": " + detail::bare_message(e));
+    } catch (const detail::guarded_model_failure& failure) {
+      // Rethrown so that the model's exception is nested in the decoding_error.
+      const std::string model(failure.model);
+      try {
+        std::rethrow_exception(failure.original);
+      } catch (const std::exception& e) {
+        std::throw_with_nested(decoding_error(
+            errc::model_failure, tree_location() + ": the " + model + " model threw: " + e.what(),
+            step_index_));
+      } catch (...) {
+        std::throw_with_nested(decoding_error(
+            errc::model_failure,
+            tree_location() + ": the " + model + " model threw a non-std exception", step_index_));
+      }
     }
+  }
+
+  // "tree step 7 (sequence position 45)"
+  [[nodiscard]] std::string tree_location() const {
+    return "tree step " + std::to_string(step_index_) + " (sequence position " +
+           std::to_string(base_length_) + ")";
   }
 
   [[nodiscard]] bool is_stop_token(token_id token) const noexcept {

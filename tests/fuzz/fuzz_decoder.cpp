@@ -3,13 +3,13 @@
 // The input chooses V (0 included, and target/draft vocabularies that disagree), the scalar
 // type, the draft kind (LanguageModel or proposal drafter), a batched or per-prefix target,
 // the options (sampling, gamma policy including one that changes gamma every step, stop
-// tokens up to "every token", stop sequences, lenience, validate_rows), the prompt (empty,
-// out-of-range ids), max_new_tokens (0 included), and then, call by call, what the models
-// return: valid rows (random, sparse, one-hot, denormal, off 1 by about the tolerance), rows
-// of the wrong size, NaN/Inf/negative entries, zero rows, garbage, exceptions (std and
-// non-std), drafters proposing too many tokens or ids out of range. A "pure" input uses
-// models whose rows are a fixed function of the context, and checks greedy decoding against
-// plain greedy decoding of the target.
+// tokens up to "every token", stop sequences, lenience, validate_rows, token-tree shapes),
+// the prompt (empty, out-of-range ids), max_new_tokens (0 included), and then, call by call,
+// what the models return: valid rows (random, sparse, one-hot, denormal, off 1 by about the
+// tolerance), rows of the wrong size, NaN/Inf/negative entries, zero rows, garbage,
+// exceptions (std and non-std), drafters proposing too many tokens or ids out of range. A
+// "pure" input uses models whose rows are a fixed function of the context, and checks
+// greedy decoding against plain greedy decoding of the target.
 //
 // Invariants (a violation aborts):
 //  - construction throws specdec::error exactly when an option or vocabulary is bad, with
@@ -59,7 +59,11 @@ struct FaultLog {
   bool content_faults = true;  // off when validate_rows is off (content is a precondition)
   std::vector<errc> must;      // at least one of these was injected and is always detected
   std::vector<errc> may;       // injected, detected only if the decoder looks at it
-  [[nodiscard]] bool any() const { return !must.empty(); }
+  // Off when the decoder may legitimately ignore a produced row (token trees scored path by
+  // path with score_draft: a node shared by several paths is read from the first call only),
+  // so an undetected fault there is no violation; every detected one must still be allowed.
+  bool strict = true;
+  [[nodiscard]] bool any() const { return strict && !must.empty(); }
   void clear() {
     must.clear();
     may.clear();
@@ -294,6 +298,7 @@ struct Setup {
   std::vector<errc> construction_problems;
   std::vector<token_id> prompt;
   bool prompt_out_of_range = false;  // some id outside [0, V): every generate() must refuse it
+  bool tree = false;                 // a token-tree shape (DecoderOptions::tree_shape)
   std::size_t max_new_tokens = 0;
 };
 
@@ -400,6 +405,18 @@ Setup make_setup(FuzzedDataProvider& in, std::size_t vocab, bool pure) {
     if (token < 0 || static_cast<std::size_t>(token) >= vocab) setup.prompt_out_of_range = true;
   }
   setup.max_new_tokens = in.ConsumeIntegralInRange<std::size_t>(0, 40);
+  // Token trees: sometimes a branching shape instead of the gamma-policy chain.
+  const auto tree = in.ConsumeIntegral<std::uint8_t>();
+  if (tree >= 176) {
+    static const std::vector<std::vector<std::size_t>> shapes{{2},    {2, 1},    {3, 2, 1},
+                                                              {1, 3}, {4, 1, 1}, {2, 2, 2}};
+    options.tree_shape = specdec::TreeShape::branching(shapes[tree % shapes.size()]);
+    options.tree_sampling = in.ConsumeBool() ? specdec::expansion::with_replacement
+                                             : specdec::expansion::without_replacement;
+    options.tree_merge_repeats = in.ConsumeBool();
+    setup.tree = true;
+    if (options.lenience != 1.0) problems.push_back(errc::invalid_option);
+  }
   return setup;
 }
 
@@ -496,6 +513,10 @@ void run_with(FuzzedDataProvider& in, FaultLog& log, Target& target, Draft& draf
     streamed.push_back(emitted.token);
   };
   log.content_faults = setup.options.validate_rows;
+  if constexpr (!specdec::LanguageModel<Draft>) {
+    if (setup.tree) setup.construction_problems.push_back(errc::invalid_option);
+  }
+  log.strict = !(setup.tree && specdec::BatchedLanguageModel<Target>);
   std::optional<specdec::SpeculativeDecoder<Target, Draft>> decoder;
   try {
     decoder.emplace(target, draft, setup.options);
