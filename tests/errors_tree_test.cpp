@@ -1,11 +1,14 @@
 // Bad-input catalogue, token trees (docs/errors.md, rows T*): TreeShape, DraftTree,
-// build_sampled_tree, verify_tree_checked, verify_tree_greedy_checked. One test case per
-// catalogue row.
+// build_sampled_tree, verify_tree_checked, verify_tree_greedy_checked, SpeculativeDecoder
+// with a tree shape. One test case per catalogue row.
 #include <catch2/catch_test_macros.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <limits>
 #include <span>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "errors_catalogue.hpp"
@@ -13,6 +16,7 @@
 #include "specdec/error.hpp"
 #include "specdec/random.hpp"
 #include "specdec/rows.hpp"
+#include "specdec/speculative_decoder.hpp"
 #include "specdec/tree_verification.hpp"
 
 namespace {
@@ -222,4 +226,97 @@ TEST_CASE("T7 verify_tree_checked: a sampled child its q cannot produce",
             repeated, specdec::RowsView<const double>(three.data(), 3, 4), g, workspace, 1);
       },
       errc::invalid_token, "token 1 repeats sibling 1 under a without_replacement node");
+}
+
+namespace {
+
+// A proposal-only drafter over V = 4 (proposes token 1 again and again).
+struct OnesDrafter {
+  std::size_t propose(std::span<const token_id>, std::span<token_id> out) {
+    for (token_id& token : out) token = 1;
+    return out.size();
+  }
+};
+
+// A LanguageModel over V = 4 whose `fail_at`-th call (0-based) misbehaves: throws a
+// std::runtime_error, throws a specdec::error of its own, or returns a row summing to 1.5.
+struct FailingRowModel {
+  enum class fault { runtime_error, specdec_error, unnormalized };
+  std::size_t fail_at = 0;
+  fault how = fault::runtime_error;
+  std::size_t calls = 0;
+  std::vector<double> row{0.25, 0.25, 0.25, 0.25};
+  std::vector<double> bad{0.5, 0.5, 0.25, 0.25};
+  [[nodiscard]] std::size_t vocab_size() const { return 4; }
+  std::span<const double> next_token_probabilities(std::span<const token_id>) {
+    if (calls++ != fail_at) return row;
+    if (how == fault::runtime_error) throw std::runtime_error("device lost");
+    if (how == fault::specdec_error) {
+      throw specdec::error(errc::invalid_token, "engine: token not in the cache");
+    }
+    return bad;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("T8 SpeculativeDecoder with tree_shape: options a tree cannot use",
+          "[errors][speculative_decoder][tree_verification]") {
+  FixedRowModel target;
+  FixedRowModel draft;
+  OnesDrafter drafter;
+  specdec::DecoderOptions options;
+  options.tree_shape = specdec::TreeShape::branching({2, 1});
+  check_error(
+      "T8", [&] { specdec::SpeculativeDecoder decoder(target, drafter, options); },
+      errc::invalid_option,
+      "decoder option tree_shape (4 draft nodes) needs a LanguageModel draft");
+  options.lenience = 0.5;
+  check_error(
+      "T8", [&] { specdec::SpeculativeDecoder decoder(target, draft, options); },
+      errc::invalid_option, "decoder option tree_shape (4 draft nodes) needs lenience = 1");
+  options.lenience = 1.0;
+  options.tree_sampling = specdec::expansion::one_hot;
+  check_error(
+      "T8", [&] { specdec::SpeculativeDecoder decoder(target, draft, options); },
+      errc::invalid_option, "decoder option tree_sampling = ");
+}
+
+TEST_CASE("T9 SpeculativeDecoder tree step: a model throws or returns a bad row",
+          "[errors][speculative_decoder][tree_verification]") {
+  using fault = FailingRowModel::fault;
+  specdec::DecoderOptions options;
+  options.tree_shape = specdec::TreeShape::branching({2, 1});  // 3 draft calls a step
+  const std::vector<token_id> prompt{0, 1};
+  for (const fault how : {fault::runtime_error, fault::specdec_error, fault::unnormalized}) {
+    FixedRowModel target;
+    FailingRowModel draft{.fail_at = 4, .how = how};  // in the second step
+    specdec::SpeculativeDecoder decoder(target, draft, options);
+    std::size_t emitted_before = 0;
+    const std::string what = check_error(
+        "T9",
+        [&] {
+          try {
+            (void)decoder.generate(prompt, 50, std::uint64_t{3});
+          } catch (const specdec::decoding_error& e) {
+            emitted_before = e.tokens().size();
+            CHECK(e.step() == 1);
+            throw;
+          }
+        },
+        how == fault::unnormalized ? errc::not_normalized : errc::model_failure,
+        how == fault::runtime_error   ? "tree step 1 (sequence position "
+        : how == fault::specdec_error ? "the draft model threw: specdec: invalid_token: engine:"
+                                      : "draft row ");
+    CHECK(emitted_before >= 1);  // the first step's tokens are kept
+    if (how == fault::runtime_error) {
+      CHECK_THAT(what, Catch::Matchers::ContainsSubstring("the draft model threw: device lost"));
+    }
+    if (how == fault::unnormalized) {
+      CHECK_THAT(what, Catch::Matchers::ContainsSubstring("entries sum to 1.5"));
+    }
+    // The decoder stays usable.
+    draft.fail_at = std::numeric_limits<std::size_t>::max();
+    CHECK(decoder.generate(prompt, 5, std::uint64_t{3}).tokens.size() == 5);
+  }
 }
