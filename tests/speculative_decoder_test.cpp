@@ -752,3 +752,59 @@ TEST_CASE("SpeculativeDecoder: empty prompt and generate overloads", "[speculati
   std::minstd_rand small_engine(3);  // any uniform_random_bit_generator works
   CHECK(decoder.generate(prompt, 10, small_engine).tokens.size() == 10);
 }
+
+TEST_CASE("SpeculativeDecoder: NaN or infinite logits never become token ids",
+          "[speculative_decoder][sampling]") {
+  // A logits engine that goes bad on its `fail_at`-th call: a NaN, +inf or -inf-only row.
+  struct BadLogits {
+    std::size_t fail_at = 3;
+    double poison = std::numeric_limits<double>::quiet_NaN();
+    bool all_poison = false;
+    std::size_t calls = 0;
+    std::vector<double> logits{0.5, -1.0, 2.0, 0.0};
+    std::vector<double> out{};
+    std::size_t vocab_size() const { return logits.size(); }
+    std::span<const double> next_token_logits(std::span<const token_id> context) {
+      out = logits;
+      out[context.size() % out.size()] += 0.25;
+      if (calls++ == fail_at) {
+        if (all_poison) {
+          std::fill(out.begin(), out.end(), poison);
+        } else {
+          out[1] = poison;
+        }
+      }
+      return out;
+    }
+  };
+  constexpr double inf = std::numeric_limits<double>::infinity();
+  struct Case {
+    double poison;
+    bool all;
+    specdec::errc code;
+  };
+  for (const Case c :
+       {Case{std::numeric_limits<double>::quiet_NaN(), false, specdec::errc::invalid_probability},
+        Case{inf, false, specdec::errc::invalid_probability},
+        Case{-inf, true, specdec::errc::zero_mass}}) {
+    for (const bool greedy : {false, true}) {
+      BadLogits target_engine{.poison = c.poison, .all_poison = c.all};
+      BadLogits draft_engine{.fail_at = static_cast<std::size_t>(-1)};
+      draft_engine.logits = {0.0, 0.0, 1.0, 0.5};
+      specdec::LogitsModel target(target_engine);
+      specdec::LogitsModel draft(draft_engine);
+      SpeculativeDecoder decoder(target, draft,
+                                 {.sampling = {.temperature = greedy ? 0.0 : 0.8},
+                                  .gamma_policy = specdec::FixedGamma(2)});
+      INFO("poison " << c.poison << (c.all ? " (whole row)" : "") << ", greedy " << greedy);
+      try {
+        (void)decoder.generate(std::vector<token_id>{0}, 30, std::uint64_t{4});
+        FAIL("no error");
+      } catch (const specdec::decoding_error& e) {
+        CHECK(e.code() == c.code);
+        CHECK_THAT(e.what(), ContainsSubstring("target row"));
+        for (const token_id token : e.tokens()) CHECK((token >= 0 && token < 4));
+      }
+    }
+  }
+}
