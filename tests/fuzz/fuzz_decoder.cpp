@@ -1,7 +1,8 @@
 // libFuzzer harness: SpeculativeDecoder with models whose outputs come from the fuzzer.
 //
 // The input chooses V (0 included, and target/draft vocabularies that disagree), the scalar
-// type, the draft kind (LanguageModel or proposal drafter), a batched or per-prefix target,
+// type, the draft kind (LanguageModel or proposal drafter), a per-prefix, batched
+// (score_draft) or tree-scoring (score_tree, with faulty block shapes too) target,
 // the options (sampling, gamma policy including one that changes gamma every step, stop
 // tokens up to "every token", stop sequences, lenience, validate_rows, token-tree shapes),
 // the prompt (empty, out-of-range ids), max_new_tokens (0 included), and then, call by call,
@@ -31,6 +32,7 @@
 #include <optional>
 #include <span>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 #include "fuzz_support.hpp"
@@ -190,7 +192,19 @@ class FuzzBatchedModel : public FuzzModel<T> {
 
   specdec::RowsView<const T> score_draft(std::span<const token_id> context,
                                          std::span<const token_id> draft) {
-    std::size_t rows = draft.size() + 1;
+    const auto [rows, cols] = block_shape(draft.size() + 1);
+    storage_.resize(rows * cols);
+    prefix_.assign(context.begin(), context.end());
+    for (std::size_t i = 0; i < rows; ++i) {
+      fill_block_row(i, cols);
+      if (i < draft.size()) prefix_.push_back(draft[i]);
+    }
+    return {storage_.data(), rows, cols};
+  }
+
+ protected:
+  /// The shape of a block of `rows` rows, sometimes off by one row or column (a fault).
+  std::pair<std::size_t, std::size_t> block_shape(std::size_t rows) {
     std::size_t cols = this->vocab_;
     FaultLog& log = *this->log_;
     if (log.faults_enabled && !this->pure_ && log.in->remaining_bytes() > 0) {
@@ -204,37 +218,58 @@ class FuzzBatchedModel : public FuzzModel<T> {
         }
       }
     }
-    storage_.resize(rows * cols);
-    std::vector<token_id> prefix(context.begin(), context.end());
-    for (std::size_t i = 0; i < rows; ++i) {
-      const std::size_t must_before = log.must.size();
-      const std::size_t may_before = log.may.size();
-      const std::span<const T> row = this->next_token_probabilities(prefix);
-      const std::span<T> stored(storage_.data() + i * cols, cols);
-      std::fill(stored.begin(), stored.end(), T(0));
-      std::copy_n(row.begin(), std::min(cols, row.size()), stored.begin());
-      if (row.size() != cols) {
-        // A short or long row copied into the block: judge the row as stored.
-        log.must.resize(must_before);
-        log.may.resize(may_before);
-        bool ambiguous = false;
-        const auto code = expected_row_error(std::span<const T>(stored), cols,
-                                             specdec::default_sum_tolerance<T>, ambiguous);
-        if (code && !log.content_faults) {
-          pure_row(this->seed_, std::span<const token_id>(prefix), stored);
-        } else if (code) {
-          (ambiguous ? log.may : log.must).push_back(*code);
-        } else if (ambiguous) {
-          log.may.push_back(errc::not_normalized);
-        }
-      }
-      if (i < draft.size()) prefix.push_back(draft[i]);
-    }
-    return {storage_.data(), rows, cols};
+    return {rows, cols};
   }
 
- private:
+  /// Row i of the block: the model's row for prefix_, cut or padded to `cols` entries.
+  void fill_block_row(std::size_t i, std::size_t cols) {
+    FaultLog& log = *this->log_;
+    const std::size_t must_before = log.must.size();
+    const std::size_t may_before = log.may.size();
+    const std::span<const T> row = this->next_token_probabilities(prefix_);
+    const std::span<T> stored(storage_.data() + i * cols, cols);
+    std::fill(stored.begin(), stored.end(), T(0));
+    std::copy_n(row.begin(), std::min(cols, row.size()), stored.begin());
+    if (row.size() != cols) {
+      // A short or long row copied into the block: judge the row as stored.
+      log.must.resize(must_before);
+      log.may.resize(may_before);
+      bool ambiguous = false;
+      const auto code = expected_row_error(std::span<const T>(stored), cols,
+                                           specdec::default_sum_tolerance<T>, ambiguous);
+      if (code && !log.content_faults) {
+        pure_row(this->seed_, std::span<const token_id>(prefix_), stored);
+      } else if (code) {
+        (ambiguous ? log.may : log.must).push_back(*code);
+      } else if (ambiguous) {
+        log.may.push_back(errc::not_normalized);
+      }
+    }
+  }
+
   std::vector<T> storage_;
+  std::vector<token_id> prefix_;
+};
+
+/// FuzzBatchedModel plus score_tree (one call for every node of a token tree), with the same
+/// faults: rows from the fuzzer, and blocks with a row or a column too many or too few.
+template <class T>
+class FuzzTreeModel : public FuzzBatchedModel<T> {
+ public:
+  using FuzzBatchedModel<T>::FuzzBatchedModel;
+
+  specdec::RowsView<const T> score_tree(std::span<const token_id> context,
+                                        const specdec::TokenTreeView& tree) {
+    const auto [rows, cols] = this->block_shape(tree.size());
+    this->storage_.resize(rows * cols);
+    for (std::size_t i = 0; i < rows; ++i) {
+      this->prefix_.assign(context.begin(), context.end());
+      // A row past the tree (a fault) is scored as the last node's path.
+      tree.append_path(std::min(i, tree.size() - 1), this->prefix_);
+      this->fill_block_row(i, cols);
+    }
+    return {this->storage_.data(), rows, cols};
+  }
 };
 
 /// A proposal drafter driven by the fuzzer: counts up to and beyond gamma, ids out of range.
@@ -516,7 +551,8 @@ void run_with(FuzzedDataProvider& in, FaultLog& log, Target& target, Draft& draf
   if constexpr (!specdec::LanguageModel<Draft>) {
     if (setup.tree) setup.construction_problems.push_back(errc::invalid_option);
   }
-  log.strict = !(setup.tree && specdec::BatchedLanguageModel<Target>);
+  log.strict =
+      !(setup.tree && specdec::BatchedLanguageModel<Target> && !specdec::TreeScoringModel<Target>);
   std::optional<specdec::SpeculativeDecoder<Target, Draft>> decoder;
   try {
     decoder.emplace(target, draft, setup.options);
@@ -542,7 +578,7 @@ void run(FuzzedDataProvider& in) {
   // The draft shares the target's rows sometimes (everything accepted).
   const auto draft_seed = in.ConsumeBool() ? target_seed : in.ConsumeIntegral<std::uint64_t>();
   const std::size_t row_vocab = std::max<std::size_t>(target_vocab, 1);
-  const int kind = in.ConsumeIntegralInRange<int>(0, 3);
+  const int kind = in.ConsumeIntegralInRange<int>(0, 5);
   FuzzDrafter drafter(log, row_vocab, pure);
   if (kind == 0) {
     FuzzModel<T> target(log, target_seed, pure, row_vocab, target_vocab);
@@ -555,8 +591,15 @@ void run(FuzzedDataProvider& in) {
   } else if (kind == 2) {
     FuzzModel<T> target(log, target_seed, pure, row_vocab, target_vocab);
     run_with<T>(in, log, target, drafter, target_vocab, draft_vocab, pure);
-  } else {
+  } else if (kind == 3) {
     FuzzBatchedModel<T> target(log, target_seed, pure, row_vocab, target_vocab);
+    run_with<T>(in, log, target, drafter, target_vocab, draft_vocab, pure);
+  } else if (kind == 4) {
+    FuzzTreeModel<T> target(log, target_seed, pure, row_vocab, target_vocab);
+    FuzzModel<T> draft(log, draft_seed, pure, row_vocab, draft_vocab);
+    run_with<T>(in, log, target, draft, target_vocab, draft_vocab, pure);
+  } else {
+    FuzzTreeModel<T> target(log, target_seed, pure, row_vocab, target_vocab);
     run_with<T>(in, log, target, drafter, target_vocab, draft_vocab, pure);
   }
 }
