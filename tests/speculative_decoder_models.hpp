@@ -1,6 +1,6 @@
 // Toy models shared by the speculative_decoder_*_test.cpp files: Markov chains of order 1
-// and 2 (target and draft), a batched twin that scores all prefixes in one call, and
-// deterministic proposal drafters.
+// and 2 (target and draft), a batched twin that scores all prefixes in one call, a KV-cache
+// twin that scores a whole token tree in one call, and deterministic proposal drafters.
 #pragma once
 
 #include <algorithm>
@@ -11,7 +11,9 @@
 #include <utility>
 #include <vector>
 
+#include "specdec/cached_context.hpp"
 #include "specdec/concepts.hpp"
+#include "specdec/draft_tree.hpp"
 #include "specdec/random.hpp"
 #include "specdec/rows.hpp"
 
@@ -144,6 +146,113 @@ class BatchedMarkovModel : public MarkovModel<T> {
 
  private:
   std::vector<T> rows_;
+};
+
+/// A MarkovModel with a KV cache kept in line by CachedContext, scoring a whole token tree
+/// in one call (a TreeScoringModel with KvCacheTreeHooks). Its "cache" holds the chain state
+/// after each position, computed only by the hooks from the state of the entry before it
+/// (the previous position, or the parent's slot in a tree); rows are read from the cache,
+/// never from the context, so a wrong rollback or gather changes the rows it returns. It
+/// counts its calls and every evaluated position.
+template <class T>
+class KvTreeMarkovModel {
+ public:
+  explicit KvTreeMarkovModel(MarkovModel<T> model, std::size_t capacity = 4096)
+      : model_(std::move(model)) {
+    states_.reserve(capacity);
+    held_.reserve(capacity);
+    before_append_.reserve(capacity);
+    cache_.reserve(capacity);
+  }
+
+  [[nodiscard]] std::size_t vocab_size() const { return model_.vocab_size(); }
+
+  std::span<const T> next_token_probabilities(std::span<const token_id> context) {
+    ++calls;
+    sync(context);
+    return row_at(context.size());
+  }
+
+  /// Row i is the row after context + path(i): the root's from the last context position,
+  /// node i's from its slot context.size() + i - 1.
+  RowsView<const T> score_tree(std::span<const token_id> context, const TokenTreeView& tree) {
+    ++tree_calls;
+    sync(context);
+    cache_.append_tree(tree, *this);
+    const std::size_t vocab = vocab_size();
+    rows_.resize(tree.size() * vocab);
+    for (std::size_t i = 0; i < tree.size(); ++i) {
+      const auto row = row_at(context.size() + i);
+      std::copy(row.begin(), row.end(), rows_.begin() + static_cast<std::ptrdiff_t>(i * vocab));
+    }
+    return {rows_.data(), tree.size(), vocab};
+  }
+
+  // --- KV-cache hooks (called by CachedContext) ---
+  void truncate(std::size_t n) {
+    states_.resize(std::min(n, states_.size()));
+    held_.resize(states_.size());
+  }
+  void append(std::span<const token_id> tokens) {
+    if (!appended_in_sync_) before_append_.assign(held_.begin(), held_.end());
+    appended_in_sync_ = true;
+    for (const token_id token : tokens) push(states_.empty() ? 0 : states_.back(), token);
+  }
+  void append_tree(const TokenTreeView& tree) {
+    const std::size_t base = states_.size();
+    for (std::size_t i = 1; i < tree.size(); ++i) {
+      const std::size_t parent = tree.parents[i];
+      const std::size_t from =
+          parent == 0 ? (base == 0 ? 0 : states_[base - 1]) : states_[base + parent - 1];
+      push(from, tree.tokens[i]);
+    }
+  }
+  void keep_tree_path(std::size_t base, std::span<const std::size_t> slots) {
+    ++gathers;
+    for (std::size_t k = 0; k < slots.size(); ++k) {
+      states_[base + k] = states_[slots[k]];
+      held_[base + k] = held_[slots[k]];
+    }
+    states_.resize(base + slots.size());
+    held_.resize(base + slots.size());
+  }
+
+  /// The tokens whose entries the cache holds, positions and tree slots (slot order).
+  [[nodiscard]] std::span<const token_id> held() const noexcept { return held_; }
+  /// What the cache held in the last sync once the previous tree was resolved and before
+  /// anything was appended (the whole cache after that sync if it appended nothing).
+  [[nodiscard]] std::span<const token_id> resolved() const noexcept { return before_append_; }
+  [[nodiscard]] const CacheSync& last_sync() const noexcept { return last_sync_; }
+
+  std::size_t calls = 0;                ///< next_token_probabilities calls
+  std::size_t tree_calls = 0;           ///< score_tree calls
+  std::size_t gathers = 0;              ///< keep_tree_path calls
+  std::size_t evaluated_positions = 0;  ///< entries computed by append and append_tree
+
+ private:
+  void sync(std::span<const token_id> context) {
+    appended_in_sync_ = false;
+    last_sync_ = cache_.sync(context, *this);
+    if (!appended_in_sync_) before_append_.assign(held_.begin(), held_.end());
+  }
+  void push(std::size_t from, token_id token) {
+    states_.push_back(model_.next_state(from, static_cast<std::size_t>(token)));
+    held_.push_back(token);
+    ++evaluated_positions;
+  }
+  // The row after the entry at `slot` - 1 (the empty context's row for slot 0).
+  [[nodiscard]] std::span<const T> row_at(std::size_t slot) const {
+    return model_.row(slot == 0 ? 0 : states_[slot - 1]);
+  }
+
+  MarkovModel<T> model_;
+  CachedContext cache_;
+  std::vector<std::size_t> states_;  // chain state after each position / tree slot
+  std::vector<token_id> held_;       // the token of each entry
+  std::vector<token_id> before_append_;
+  std::vector<T> rows_;
+  CacheSync last_sync_{};
+  bool appended_in_sync_ = false;
 };
 
 /// A proposal-only drafter that proposes the greedy continuation of a Markov table

@@ -1,7 +1,8 @@
 // Tests for the token-tree path of include/specdec/speculative_decoder.hpp
 // (DecoderOptions::tree_shape): greedy identity, the exact output law for branching trees
 // with and without replacement and for chain shapes, stop conditions, statistics, option
-// checks and model errors.
+// checks and model errors; a KV-cache target with score_tree (one call per step, only the
+// accepted path kept in its cache, the same tokens as per-node and batched targets).
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -16,12 +17,14 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include "specdec/cached_context.hpp"
 #include "specdec/draft_tree.hpp"
 #include "specdec/error.hpp"
 #include "specdec/random.hpp"
 #include "specdec/rows.hpp"
 #include "specdec/sampling.hpp"
 #include "specdec/speculative_decoder.hpp"
+#include "specdec/tree_verification.hpp"
 #include "speculative_decoder_models.hpp"
 #include "support/statistics.hpp"
 
@@ -516,5 +519,149 @@ TEST_CASE("SpeculativeDecoder tree: any exception of a model is model_failure, n
       CHECK_THAT(e.what(), ContainsSubstring("the target model threw: batch too large"));
       CHECK_THROWS_AS(std::rethrow_if_nested(e), std::runtime_error);
     }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// A KV-cache target that scores the whole tree in one call (score_tree + CachedContext)
+// ---------------------------------------------------------------------------------------
+
+TEST_CASE(
+    "SpeculativeDecoder tree: a KV-cache score_tree target, one call per step, keeps only "
+    "the accepted path",
+    "[speculative_decoder][tree][cached_context]") {
+  using specdec::CacheSync;
+  using specdec::testing::KvTreeMarkovModel;
+  STATIC_REQUIRE(specdec::TreeScoringModel<KvTreeMarkovModel<double>>);
+  STATIC_REQUIRE(specdec::KvCacheTreeHooks<KvTreeMarkovModel<double>>);
+  const auto chain = MarkovModel<double>::random(8, 2, 131, 1.5);
+  const auto draft_chain = MarkovModel<double>::random(8, 1, 132, 1.5).order1_blend(chain, 0.5);
+  for (const double temperature : {0.0, 1.0}) {
+    INFO("T = " << temperature);
+    KvTreeMarkovModel<double> target(chain);
+    auto draft = draft_chain;
+    DecoderOptions options;
+    options.sampling.temperature = temperature;
+    options.tree_shape = TreeShape::branching({3, 2, 1});  // 15 draft nodes
+    SpeculativeDecoder decoder(target, draft, options);
+    specdec::xoshiro256pp g(21);
+    std::vector<token_id> context{3, 1, 4};
+    const std::size_t prompt_length = context.size();
+    std::size_t steps = 0;
+    std::size_t discarded = 0;  // tree nodes not on an accepted path
+    std::size_t previous_nodes = 0;
+    std::size_t previous_accepted = 0;
+    while (context.size() < prompt_length + 300) {
+      INFO("step " << steps);
+      const std::size_t evaluated_before = target.evaluated_positions;
+      const auto step = decoder.step(context, g);
+      // (a) one target call per step, by the decoder's count and the model's.
+      REQUIRE(step.target_calls == 1);
+      REQUIRE(target.tree_calls == steps + 1);
+      REQUIRE(step.nodes_scored == 15);
+      // The correction never repeats a child of the last accepted node (rejected children
+      // have no residual mass; greedy follows the argmax child), so t is never in the tree.
+      REQUIRE_FALSE(step.residual_fallback);
+      if (steps > 0) {
+        // (b) resolving the previous tree left exactly the context minus its last token t:
+        // the accepted path was kept, every other tree slot dropped, then t appended.
+        const std::vector<token_id> without_t(context.begin(), context.end() - 1);
+        REQUIRE(std::vector<token_id>(target.resolved().begin(), target.resolved().end()) ==
+                without_t);
+        REQUIRE(target.last_sync() == CacheSync{.kept = context.size() - 1,
+                                                .truncated = previous_nodes - previous_accepted,
+                                                .appended = 1,
+                                                .tree_path = previous_accepted});
+      }
+      // (c) positions evaluated in step k: the 15 tree nodes plus t of step k - 1 (the whole
+      // prompt in step 0). No accepted token is evaluated again.
+      REQUIRE(target.evaluated_positions - evaluated_before ==
+              step.nodes_scored + (steps == 0 ? prompt_length : 1));
+      // After the step the cache holds the context, then the pending tree's slots.
+      REQUIRE(target.held().size() == context.size() + step.nodes_scored);
+      REQUIRE(std::equal(context.begin(), context.end(), target.held().begin()));
+      REQUIRE(step.tokens.size() == step.accepted + 1);
+      context.insert(context.end(), step.tokens.begin(), step.tokens.end());
+      discarded += step.nodes_scored - step.accepted;
+      previous_nodes = step.nodes_scored;
+      previous_accepted = step.accepted;
+      ++steps;
+    }
+    // A last plain call resolves the last tree the same way.
+    (void)target.next_token_probabilities(context);
+    CHECK(std::vector<token_id>(target.resolved().begin(), target.resolved().end()) ==
+          std::vector<token_id>(context.begin(), context.end() - 1));
+    CHECK(std::vector<token_id>(target.held().begin(), target.held().end()) == context);
+    // Every position of the final sequence was evaluated exactly once, plus the tree nodes
+    // that were not accepted: sum over steps of (15 + 1) + prompt - 1 in total.
+    CHECK(target.evaluated_positions == context.size() + discarded);
+    CHECK(target.evaluated_positions == prompt_length + 16 * steps);
+    CHECK(target.calls == 1);  // only the resolving call above: the decoder used score_tree
+    const auto& statistics = decoder.statistics();
+    CHECK(statistics.steps == steps);
+    CHECK(statistics.target_calls == steps);
+    CHECK(statistics.nodes_scored == 15 * steps);
+    // Paths below node 1 or through nodes 2 and 3 must be gathered; depth > 1 happens.
+    CHECK(statistics.accepted_histogram.size() > 2);
+    CHECK(target.gathers > 0);
+  }
+}
+
+TEMPLATE_TEST_CASE(
+    "SpeculativeDecoder tree: a KV-cache score_tree target gives the tokens of the "
+    "per-node and batched targets",
+    "[speculative_decoder][tree][cached_context]", float, double) {
+  using specdec::testing::KvTreeMarkovModel;
+  const auto chain = MarkovModel<TestType>::random(8, 2, 141, 1.5);
+  const auto draft_chain = MarkovModel<TestType>::random(8, 1, 142, 1.5).order1_blend(chain, 0.5);
+  struct Case {
+    const char* name;
+    double temperature;
+    expansion kind;
+    bool merge;
+  };
+  const Case cases[] = {
+      {"greedy", 0.0, expansion::without_replacement, true},
+      {"T = 1 without replacement", 1.0, expansion::without_replacement, true},
+      {"T = 1 with replacement, merged", 1.0, expansion::with_replacement, true},
+      // Duplicate siblings: the cache keeps the first of equal siblings (identical entries)
+      // even when verification accepted a later one.
+      {"T = 1 with replacement, duplicates", 1.0, expansion::with_replacement, false},
+  };
+  for (const Case& c : cases) {
+    INFO(c.name);
+    DecoderOptions options;
+    options.sampling.temperature = c.temperature;
+    options.tree_shape = TreeShape::branching({3, 2, 1});
+    options.tree_sampling = c.kind;
+    options.tree_merge_repeats = c.merge;
+    KvTreeMarkovModel<TestType> cached(chain);
+    auto plain = chain;
+    BatchedMarkovModel<TestType> batched(chain);
+    auto draft_a = draft_chain;
+    auto draft_b = draft_chain;
+    auto draft_c = draft_chain;
+    SpeculativeDecoder cached_decoder(cached, draft_a, options);
+    SpeculativeDecoder plain_decoder(plain, draft_b, options);
+    SpeculativeDecoder batched_decoder(batched, draft_c, options);
+    specdec::xoshiro256pp prompts(8);
+    std::size_t steps = 0;
+    for (std::uint64_t trial = 0; trial < 40; ++trial) {
+      // Each prompt diverges from the cache somewhere: the pending tree is dropped.
+      std::vector<token_id> prompt(1 + specdec::uniform_below(prompts, 5));
+      for (auto& t : prompt) t = static_cast<token_id>(specdec::uniform_below(prompts, 8));
+      const auto result = cached_decoder.generate(prompt, 40, trial);
+      // (d) the same tokens as the per-node and the batched targets with the same seed.
+      REQUIRE(result.tokens == plain_decoder.generate(prompt, 40, trial).tokens);
+      REQUIRE(result.tokens == batched_decoder.generate(prompt, 40, trial).tokens);
+      // (e) greedy trees: plain greedy decoding of the target.
+      if (c.temperature == 0.0) REQUIRE(result.tokens == greedy_reference(plain, prompt, 40));
+      // (a) one target call per step.
+      CHECK(result.statistics.target_calls == result.statistics.steps);
+      steps += result.statistics.steps;
+    }
+    CHECK(cached.tree_calls == steps);
+    CHECK(cached.calls == 0);
+    CHECK(cached_decoder.statistics().accepted_tokens > 0);
   }
 }
