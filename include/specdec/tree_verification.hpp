@@ -270,10 +270,16 @@ concept HasTreeScoring = requires(M& model, std::span<const token_id> context,
 /// needs when that leaf is accepted. Node indices are topological (parent(i) < i).
 ///
 /// Stateful models (KV caches): the next call always receives the accepted context
-/// (context + accepted path + t). The tree's entries beyond `context` are scratch: a model
-/// may keep the accepted path's cache entries (gathering them to the front, as engines
-/// do) or drop all of them; CachedContext-style adapters that truncate to the longest common
-/// prefix with the new context work unchanged, because only the accepted path survives.
+/// (context + accepted path + t, possibly cut by a stop condition, or a new prompt). With
+/// a CachedContext (cached_context.hpp) the model calls `cache.sync(context, *this)` and then
+/// `cache.append_tree(tree, *this)` inside score_tree: its `append_tree(tree)` hook
+/// evaluates node i at cache slot context.size() + i - 1 (position context.size() +
+/// depths[i] - 1, tree mask), and the next sync walks that tree along the new context,
+/// calls `keep_tree_path(base, slots)` to gather the accepted path's entries to positions
+/// base, base + 1, ... (or just truncates when they are already there), drops every other
+/// slot and appends t. So a decoder step costs one score_tree call evaluating the tree's
+/// nodes plus the previous step's t, and no accepted token is evaluated twice. A model
+/// with only truncate/append drops the whole tree instead and re-evaluates the path.
 /// Models without score_tree still work: `score_tree_rows` falls back to one `score_draft`
 /// per root-to-leaf path (BatchedLanguageModel) or one `next_token_probabilities` per node.
 /// @code
