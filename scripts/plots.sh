@@ -17,26 +17,15 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 # shellcheck source=lib/dependencies.sh
 . scripts/lib/dependencies.sh
-specdec_install_dependencies demo || specdec_log "continuing: plots need only a compiler"
+if [ "${SPECDEC_DEPENDENCIES_CHECKED:-0}" != 1 ]; then  # scripts/demo.sh has done it
+  specdec_install_dependencies demo || specdec_log "continuing: plots need only a compiler"
+fi
 
 out=build/plots
 build=build/plots-tools
+log=build/plots-tools.log
 mkdir -p "$out"
 rm -f "$out/measured_speedup.csv" "$out/measured_speedup.png"
-
-# The measured points come from the Google Benchmark harness: install it on Debian if
-# missing (scripts/demo.sh installs only what the demo itself needs).
-if [ -z "${SPECDEC_SPEEDUP_CSV:-}" ] && [ "${SPECDEC_PLOTS_MEASURE:-1}" != 0 ] &&
-  ! specdec_have_header benchmark/benchmark.h && command -v apt-get >/dev/null 2>&1 &&
-  [ -r /etc/debian_version ]; then
-  specdec_log "installing libbenchmark-dev for the measured points"
-  export DEBIAN_FRONTEND=noninteractive
-  install_benchmark() {
-    specdec_as_root apt-get install -y -qq --no-install-recommends libbenchmark-dev >/dev/null
-  }
-  install_benchmark || { specdec_as_root apt-get update -qq && install_benchmark; } ||
-    specdec_log "could not install libbenchmark-dev"
-fi
 
 targets=(acceptance_plots)
 benchmarks=OFF
@@ -46,15 +35,22 @@ if [ -z "$measured_csv" ] && [ "${SPECDEC_PLOTS_MEASURE:-1}" != 0 ]; then
     benchmarks=ON
     targets+=(bm_speedup)
   else
-    specdec_log "Google Benchmark not installed: plotting without measured points"
+    specdec_log "Google Benchmark not installed (Debian: libbenchmark-dev): plotting" \
+      "without measured points"
   fi
 fi
 
-cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=g++ \
-  -DSPECDEC_BUILD_TESTS=OFF -DSPECDEC_BUILD_BENCHMARKS="$benchmarks" \
-  -DSPECDEC_BUILD_EXAMPLES=ON >/dev/null
-cmake --build "$build" --target "${targets[@]}" -j "$(nproc)" >/dev/null
-
+specdec_log "building ${targets[*]} in $build/ (log in $log)"
+if ! {
+  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER=g++ \
+    -DSPECDEC_BUILD_TESTS=OFF -DSPECDEC_BUILD_BENCHMARKS="$benchmarks" \
+    -DSPECDEC_BUILD_EXAMPLES=ON &&
+    cmake --build "$build" --target "${targets[@]}" -j "${SPECDEC_JOBS:-$(nproc)}"
+} >"$log" 2>&1; then
+  tail -n 40 "$log" >&2
+  specdec_log "building ${targets[*]} failed; the full log is $root/$log"
+  exit 1
+fi
 if [ "$benchmarks" = ON ]; then
   measured_csv=$out/bm_speedup.csv
   min_time=${SPECDEC_PLOTS_MIN_TIME:-0.3}
@@ -69,7 +65,7 @@ args=("$out")
 "$build/examples/acceptance_plots" "${args[@]}"
 
 if ! command -v gnuplot >/dev/null 2>&1; then
-  specdec_log "gnuplot not found: CSV files are in $out/, no PNGs drawn"
+  specdec_log "gnuplot not found (Debian: gnuplot-nox): CSV files are in $out/, no PNGs drawn"
   exit 0
 fi
 figures=(figure2 figure3 figure4)
