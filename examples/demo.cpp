@@ -206,10 +206,10 @@ struct Mode {
 
 // Acceptance statistics over several generations of one mode.
 struct AcceptanceRecord {
-  specdec::AcceptanceEstimator acceptance;  // alpha measured: accepted / verified drafts
+  specdec::AcceptanceEstimator acceptance;  // accepted drafts, verified drafts, steps
   double beta_sum = 0.0;                    // alpha predicted: mean beta (Cor. 3.6)
   std::size_t beta_positions = 0;
-  std::size_t drafted = 0;
+  std::size_t drafted = 0;  // all drafted tokens, the untried ones after a rejection too
   std::vector<std::size_t> drafted_histogram;  // steps by number of drafted tokens
   std::size_t generations = 0;
 
@@ -222,7 +222,14 @@ struct AcceptanceRecord {
     ++drafted_histogram[step.drafted];
   }
 
-  [[nodiscard]] double alpha_measured() const { return acceptance.estimate().alpha; }
+  // accepted / drafted: the share of all drafted tokens that were accepted.
+  [[nodiscard]] double accepted_per_drafted() const {
+    return drafted == 0 ? 0.0
+                        : static_cast<double>(acceptance.accepted()) / static_cast<double>(drafted);
+  }
+  // accepted / verified drafts: a step tries x_1..x_{n+1} and stops at the first rejection,
+  // so these are Bernoulli(alpha) trials when the betas are i.i.d. (maximum likelihood).
+  [[nodiscard]] double alpha_per_verified() const { return acceptance.estimate().alpha; }
   [[nodiscard]] double alpha_predicted() const {
     if (beta_positions == 0) return 0.0;
     return std::clamp(beta_sum / static_cast<double>(beta_positions), 0.0, 1.0);
@@ -233,12 +240,23 @@ struct AcceptanceRecord {
     double sum = 0.0;
     std::size_t steps = 0;
     for (std::size_t d = 0; d < drafted_histogram.size(); ++d) {
-      const double expected =
-          d == 0 ? 1.0 : specdec::expected_tokens_per_step(alpha_predicted(), d);
-      sum += static_cast<double>(drafted_histogram[d]) * expected;
+      sum += static_cast<double>(drafted_histogram[d]) * expected_tokens(d);
       steps += drafted_histogram[d];
     }
     return steps == 0 ? 0.0 : sum / static_cast<double>(steps);
+  }
+  // The prediction of accepted / drafted: a step of d drafts accepts Eq. 1 - 1 =
+  // alpha + alpha^2 + ... + alpha^d of them on average.
+  [[nodiscard]] double accepted_per_drafted_predicted() const {
+    double accepted = 0.0;
+    for (std::size_t d = 0; d < drafted_histogram.size(); ++d)
+      accepted += static_cast<double>(drafted_histogram[d]) * (expected_tokens(d) - 1.0);
+    return drafted == 0 ? 0.0 : accepted / static_cast<double>(drafted);
+  }
+
+ private:
+  [[nodiscard]] double expected_tokens(std::size_t d) const {
+    return d == 0 ? 1.0 : specdec::expected_tokens_per_step(alpha_predicted(), d);
   }
 };
 
@@ -541,8 +559,13 @@ int run_demo(Setup& setup, Draft& draft, Report& report) {
   const auto both = [&](const std::string& label, auto value) {
     rates.rows.push_back({label, value(0), value(1)});
   };
+  both("accepted / drafted, measured",
+       [&](std::size_t m) { return format("%.3f", acceptance[m].accepted_per_drafted()); });
+  both("accepted / drafted, predicted ((Eq. 1 - 1) / gamma)", [&](std::size_t m) {
+    return format("%.3f", acceptance[m].accepted_per_drafted_predicted());
+  });
   both("alpha measured (accepted / verified drafts)",
-       [&](std::size_t m) { return format("%.3f", acceptance[m].alpha_measured()); });
+       [&](std::size_t m) { return format("%.3f", acceptance[m].alpha_per_verified()); });
   both("alpha predicted (mean beta = sum min(p, q), Cor. 3.6)",
        [&](std::size_t m) { return format("%.3f", acceptance[m].alpha_predicted()); });
   both("tokens per target call, measured (n + 1 per step)", [&](std::size_t m) {
@@ -602,16 +625,14 @@ int run_demo(Setup& setup, Draft& draft, Report& report) {
   }
   report.block(lines);
 
-  const double all_drafted_ratio = acceptance[0].drafted == 0
-                                       ? 0.0
-                                       : static_cast<double>(acceptance[0].acceptance.accepted()) /
-                                             static_cast<double>(acceptance[0].drafted);
   std::vector<std::string> notes = {
       "Notes:",
-      "- alpha measured = accepted / verified drafts: a step verifies x_1..x_{n+1} and never "
-      "looks at",
-      format("  the drafts after the first rejection (accepted / all drafted = %.3f, sampled run).",
-             all_drafted_ratio),
+      "- accepted / drafted counts the drafts after a step's first rejection, which are never "
+      "tried, as",
+      "  failures: with i.i.d. betas it is (alpha + alpha^2 + ... + alpha^gamma) / gamma, below "
+      "alpha.",
+      "  accepted / verified drafts (a step verifies x_1..x_{n+1}) estimates alpha itself "
+      "(Cor. 3.6).",
       "- Eq. 1 and Thm 3.8 assume i.i.d. betas; along real text beta varies from position to "
       "position.",
       "  Greedy: beta is 1 if the draft is the target's argmax, else 0, so both alphas agree.",
