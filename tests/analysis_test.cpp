@@ -8,6 +8,7 @@
 #include <limits>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <Eigen/Core>
@@ -165,16 +166,40 @@ TEST_CASE("Cor. 3.9: the bound is Theorem 3.8 at gamma = 1", "[analysis][paper]"
 // Equation 1 and its limits
 // ---------------------------------------------------------------------------------------
 
-TEST_CASE("the scalar formulas are constant expressions", "[analysis]") {
-  STATIC_REQUIRE(specdec::expected_tokens_per_step(0.5, 1) == 1.5);
-  STATIC_REQUIRE(specdec::expected_tokens_per_step(1.0, 7) == 8.0);
-  STATIC_REQUIRE(specdec::expected_tokens_per_step(0.0, 7) == 1.0);
-  STATIC_REQUIRE(specdec::walltime_improvement(0.5, 1, 0.5) == 1.0);
-  STATIC_REQUIRE(specdec::arithmetic_operations_factor(1.0, 3, 0.0) == 1.0);
-  STATIC_REQUIRE(specdec::min_improvement_bound(0.5, 0.5) == 1.0);
-  STATIC_REQUIRE(specdec::oracle_improvement_bound(0.5) == 2.0);
-  STATIC_REQUIRE(specdec::optimal_gamma(0.8, 0.05, 64).gamma == 8);
-  STATIC_REQUIRE(specdec::expected_tokens_per_step(std::array{1.0, 0.5}) == 2.5);
+TEMPLATE_TEST_CASE("the scalar formulas are constant expressions, in float and double",
+                   "[analysis]", float, double) {
+  using T = TestType;
+  // Each returns alpha's type; c and c_hat convert to it (an int too).
+  STATIC_REQUIRE(std::is_same_v<decltype(specdec::expected_tokens_per_step(T(0.5), 1)), T>);
+  STATIC_REQUIRE(std::is_same_v<decltype(specdec::walltime_improvement(T(0.5), 1, 0.5)), T>);
+  STATIC_REQUIRE(std::is_same_v<decltype(specdec::arithmetic_operations_factor(T(0.5), 1, 0)), T>);
+  STATIC_REQUIRE(std::is_same_v<decltype(specdec::min_improvement_bound(T(0.5), 0.5)), T>);
+  STATIC_REQUIRE(std::is_same_v<decltype(specdec::oracle_improvement_bound(T(0.5))), T>);
+  STATIC_REQUIRE(std::is_same_v<decltype(specdec::optimal_gamma(T(0.5), 0.1, 8)),
+                                specdec::BasicGammaChoice<T>>);
+  STATIC_REQUIRE(
+      std::is_same_v<decltype(specdec::expected_tokens_per_step(std::array<T, 1>{})), T>);
+  STATIC_REQUIRE(std::is_same_v<specdec::GammaChoice, specdec::BasicGammaChoice<double>>);
+
+  STATIC_REQUIRE(specdec::expected_tokens_per_step(T(0.5), 1) == T(1.5));
+  STATIC_REQUIRE(specdec::expected_tokens_per_step(T(1), 7) == T(8));
+  STATIC_REQUIRE(specdec::expected_tokens_per_step(T(0), 7) == T(1));
+  STATIC_REQUIRE(specdec::walltime_improvement(T(0.5), 1, T(0.5)) == T(1));
+  STATIC_REQUIRE(specdec::walltime_improvement(T(0.5), 1, 0) == T(1.5));
+  STATIC_REQUIRE(specdec::arithmetic_operations_factor(T(1), 3, T(0)) == T(1));
+  STATIC_REQUIRE(specdec::min_improvement_bound(T(0.5), T(0.5)) == T(1));
+  STATIC_REQUIRE(specdec::oracle_improvement_bound(T(0.5)) == T(2));
+  STATIC_REQUIRE(specdec::oracle_improvement_bound(T(1)) == std::numeric_limits<T>::infinity());
+  STATIC_REQUIRE(specdec::optimal_gamma(T(0.8), T(0.05), 64).gamma == 8);
+  STATIC_REQUIRE(specdec::expected_tokens_per_step(std::array<T, 2>{1, 0.5}) == T(2.5));
+  // Table 1 (3.69x at alpha 0.8, gamma 5), and the two regimes beyond gamma = 64 (the
+  // closed form, and the binomial series near alpha = 1) at compile time.
+  STATIC_REQUIRE(specdec::expected_tokens_per_step(T(0.8), 5) > T(3.685));
+  STATIC_REQUIRE(specdec::expected_tokens_per_step(T(0.8), 5) < T(3.695));
+  STATIC_REQUIRE(specdec::expected_tokens_per_step(T(0.5), 1000) == T(2));
+  constexpr T near_one = T(1) - std::numeric_limits<float>::epsilon();  // 1 - 2^-23
+  STATIC_REQUIRE(specdec::expected_tokens_per_step(near_one, 100) > T(100.999));
+  STATIC_REQUIRE(specdec::expected_tokens_per_step(near_one, 100) < T(101));
 }
 
 TEST_CASE("Equation 1 equals the direct geometric sum, including alpha -> 1", "[analysis]") {
@@ -197,6 +222,86 @@ TEST_CASE("Equation 1 equals the direct geometric sum, including alpha -> 1", "[
   CHECK(specdec::expected_tokens_per_step(0.99, huge) == Approx(100.0).epsilon(1e-12));
   CHECK(specdec::arithmetic_operations_factor(1.0, 5, 0.1) == Approx(6.5 / 6.0));
   CHECK(specdec::oracle_improvement_bound(1.0) == std::numeric_limits<double>::infinity());
+}
+
+/// The reference 1 + alpha + ... + alpha^gamma in long double (Horner, positive terms).
+long double reference_geometric_sum(long double alpha, std::size_t gamma) {
+  long double sum = 1.0L;
+  for (std::size_t k = 0; k < gamma; ++k) sum = 1.0L + alpha * sum;
+  return sum;
+}
+
+TEMPLATE_TEST_CASE("float and double: within one rounding of the exact value, alpha -> 1 too",
+                   "[analysis]", float, double) {
+  // The formulas compute in at least double and round once to T: within eps(T) of a long
+  // double reference for float (a float computation would lose about gamma ulps near
+  // alpha = 1), within the documented 1e-13 for double; and a float result is exactly
+  // the double result for the same arguments, rounded.
+  using T = TestType;
+  const long double tolerance = std::is_same_v<T, float>
+                                    ? static_cast<long double>(std::numeric_limits<T>::epsilon())
+                                    : 1e-13L;
+  const auto close = [tolerance](T value, long double reference) {
+    return std::fabs(static_cast<long double>(value) - reference) <=
+           tolerance * std::fabs(reference);
+  };
+  const std::array<T, 11> alphas = {T(0),
+                                    T(0.1),
+                                    T(0.25),
+                                    T(0.5),
+                                    T(0.62),
+                                    T(0.9),
+                                    T(0.99),
+                                    T(0.999),
+                                    T(1) - T(1) / T(1 << 20),
+                                    std::nextafter(T(1), T(0)),
+                                    T(1)};
+  const std::array<T, 4> costs = {T(0), T(0.02), T(0.3), T(2)};
+  std::size_t checked = 0;
+  for (const T alpha : alphas) {
+    const auto wide_alpha = static_cast<long double>(alpha);
+    for (std::size_t gamma = 1; gamma <= 2048; gamma = gamma < 16 ? gamma + 1 : gamma * 2) {
+      INFO("alpha = " << static_cast<double>(alpha) << ", gamma = " << gamma);
+      const long double sum = reference_geometric_sum(wide_alpha, gamma);
+      const T tokens = specdec::expected_tokens_per_step(alpha, gamma);
+      CHECK(close(tokens, sum));
+      CHECK(tokens ==
+            static_cast<T>(specdec::expected_tokens_per_step(static_cast<double>(alpha), gamma)));
+      for (const T c : costs) {
+        const auto wide_c = static_cast<long double>(c);
+        const auto g = static_cast<long double>(gamma);
+        const T speed = specdec::walltime_improvement(alpha, gamma, c);
+        const T operations = specdec::arithmetic_operations_factor(alpha, gamma, c);
+        CHECK(close(speed, sum / (g * wide_c + 1.0L)));
+        CHECK(close(operations, (g * wide_c + g + 1.0L) / sum));
+        CHECK(speed == static_cast<T>(specdec::walltime_improvement(
+                           static_cast<double>(alpha), gamma, static_cast<double>(c))));
+        CHECK(operations == static_cast<T>(specdec::arithmetic_operations_factor(
+                                static_cast<double>(alpha), gamma, static_cast<double>(c))));
+        ++checked;
+      }
+    }
+    for (const T c : costs) {
+      CHECK(close(specdec::min_improvement_bound(alpha, c),
+                  (1.0L + wide_alpha) / (1.0L + static_cast<long double>(c))));
+      // The search runs in double: the same gamma as for the double arguments, and its
+      // improvement rounded, which is walltime_improvement in T at that gamma.
+      const auto choice = specdec::optimal_gamma(alpha, c, 64);
+      const auto in_double =
+          specdec::optimal_gamma(static_cast<double>(alpha), static_cast<double>(c), 64);
+      CHECK(choice.gamma == in_double.gamma);
+      CHECK(choice.improvement == static_cast<T>(in_double.improvement));
+      CHECK(choice.improvement == specdec::walltime_improvement(alpha, choice.gamma, c));
+    }
+    if (alpha < T(1)) {
+      CHECK(close(specdec::oracle_improvement_bound(alpha), 1.0L / (1.0L - wide_alpha)));
+    }
+  }
+  CHECK(checked == alphas.size() * 23 * costs.size());  // 23 gammas
+  // Per-position betas in T: the same products, rounded once.
+  const std::vector<T> betas(2048, alphas[8]);
+  CHECK(close(specdec::expected_tokens_per_step(betas),
+              reference_geometric_sum(static_cast<long double>(alphas[8]), betas.size())));
 }
 
 TEST_CASE("expected tokens from per-position betas (no i.i.d. assumption)", "[analysis]") {
@@ -540,6 +645,37 @@ TEST_CASE("domain errors name the argument and its value", "[analysis][errors]")
              ContainsSubstring("BetaEstimator::observe: beta = -0.25"));
   CHECK_THAT(error_message([&] { (void)betas.estimate(0.0); }),
              ContainsSubstring("confidence = 0"));
+}
+
+TEMPLATE_TEST_CASE("domain errors in float and double", "[analysis][errors]", float, double) {
+  using T = TestType;
+  const T nan = std::numeric_limits<T>::quiet_NaN();
+  const T inf = std::numeric_limits<T>::infinity();
+  const T above_one = std::nextafter(T(1), T(2));  // caught in T, before any widening
+  CHECK_THAT(error_message([] { (void)specdec::expected_tokens_per_step(T(-0.1), 3); }),
+             ContainsSubstring("expected_tokens_per_step: alpha = -0.1 is outside [0, 1]"));
+  CHECK_THAT(error_message([&] { (void)specdec::expected_tokens_per_step(above_one, 3); }),
+             ContainsSubstring("is outside [0, 1]"));
+  CHECK_THAT(error_message([&] { (void)specdec::walltime_improvement(nan, 2, T(0)); }),
+             ContainsSubstring("walltime_improvement: alpha = nan"));
+  CHECK_THAT(error_message([&] { (void)specdec::walltime_improvement(T(0.5), 2, inf); }),
+             ContainsSubstring("walltime_improvement: c = inf must be finite and >= 0"));
+  CHECK_THAT(error_message([] { (void)specdec::arithmetic_operations_factor(T(0.5), 2, T(-1)); }),
+             ContainsSubstring("arithmetic_operations_factor: c_hat = -1"));
+  CHECK_THAT(error_message([] { (void)specdec::arithmetic_operations_factor(T(0.5), 0, T(0)); }),
+             ContainsSubstring("gamma = 0 must be >= 1"));
+  CHECK_THAT(error_message([&] { (void)specdec::min_improvement_bound(T(0.5), nan); }),
+             ContainsSubstring("min_improvement_bound: c = nan"));
+  CHECK_THAT(error_message([&] { (void)specdec::oracle_improvement_bound(above_one); }),
+             ContainsSubstring("oracle_improvement_bound: alpha = "));
+  CHECK_THAT(error_message([] { (void)specdec::optimal_gamma(T(0.5), T(0.1), 0); }),
+             ContainsSubstring("optimal_gamma: max_gamma = 0 must be >= 1"));
+  CHECK_THAT(error_message([&] { (void)specdec::optimal_gamma(T(0.5), -inf, 4); }),
+             ContainsSubstring("optimal_gamma: c = -inf"));
+  CHECK_THAT(error_message([&] {
+               (void)specdec::expected_tokens_per_step(std::vector<T>{T(0.5), nan});
+             }),
+             ContainsSubstring("a per-position beta = nan is outside [0, 1]"));
 }
 
 // ---------------------------------------------------------------------------------------

@@ -6,10 +6,14 @@
 // (Def. 3.7), c_hat the draft/target arithmetic-operations ratio (Def. 3.10).
 //
 // Everything here is pure math. The scalar formulas are constexpr (integer powers by
-// squaring instead of std::pow, which is not constexpr in GCC 12 / Clang 14); the
-// functions that take rows accept any ProbabilityVector of float or double and
-// accumulate in double. Arguments outside their domain throw
-// `specdec::error` with code `errc::domain` (probability rows: `invalid_size`,
+// squaring instead of std::pow, which is not constexpr in GCC 12 / Clang 14) and generic
+// over the floating-point type of alpha: they accept float, double (and long double) and
+// return that type, computing in at least double precision and rounding once at the end,
+// so a float result is the double result rounded to float. Other real arguments (c,
+// c_hat) convert to alpha's type. The functions that take rows accept any
+// ProbabilityVector of float or double and accumulate in double; the estimators take
+// double (a float beta converts exactly) and report double. Arguments outside their
+// domain throw `specdec::error` with code `errc::domain` (probability rows: `invalid_size`,
 // `invalid_probability`); the message names the function, the argument and its value:
 //   - alpha (and every beta) outside [0, 1], NaN included;
 //   - gamma < 1 (gamma is a std::size_t, so gamma == 0);
@@ -24,6 +28,8 @@
 #include <cstdint>
 #include <limits>
 #include <ranges>
+#include <type_traits>
+#include <utility>
 
 #include "specdec/concepts.hpp"
 #include "specdec/error.hpp"
@@ -32,8 +38,14 @@ namespace specdec {
 
 namespace detail {
 
-constexpr void check_alpha(const char* function, const char* name, double value) {
-  if (!(value >= 0.0 && value <= 1.0)) {  // also rejects NaN
+/// The type the scalar formulas compute in for arguments of type T: T widened to at
+/// least double (float -> double; double and long double unchanged).
+template <std::floating_point T>
+using computation_type = std::common_type_t<T, double>;
+
+template <std::floating_point T>
+constexpr void check_alpha(const char* function, const char* name, T value) {
+  if (!(value >= T{0} && value <= T{1})) {  // also rejects NaN
     throw_error(errc::domain, function, ": ", name, " = ", value, " is outside [0, 1]");
   }
 }
@@ -42,15 +54,17 @@ constexpr void check_gamma(const char* function, std::size_t gamma) {
   if (gamma == 0) throw_error(errc::domain, function, ": gamma = ", gamma, " must be >= 1");
 }
 
-constexpr void check_cost(const char* function, const char* name, double value) {
-  if (!(value >= 0.0 && value <= std::numeric_limits<double>::max())) {
+template <std::floating_point T>
+constexpr void check_cost(const char* function, const char* name, T value) {
+  if (!(value >= T{0} && value <= std::numeric_limits<T>::max())) {
     throw_error(errc::domain, function, ": ", name, " = ", value, " must be finite and >= 0");
   }
 }
 
 /// x^n by repeated squaring (constexpr, unlike std::pow).
-constexpr double integer_power(double x, std::size_t n) noexcept {
-  double result = 1.0;
+template <std::floating_point T>
+constexpr T integer_power(T x, std::size_t n) noexcept {
+  T result = 1;
   while (n != 0) {
     if ((n & 1U) != 0) result *= x;
     x *= x;
@@ -61,33 +75,62 @@ constexpr double integer_power(double x, std::size_t n) noexcept {
 
 /// (1 - alpha^(gamma+1)) / (1 - alpha) = 1 + alpha + ... + alpha^gamma, accurate for every
 /// alpha in [0, 1] including alpha -> 1 (limit gamma + 1), where the closed form would
-/// cancel catastrophically. Three regimes, with relative error below 1e-13 for gamma up
-/// to the thousands (tested against a long double sum up to gamma = 2048):
+/// cancel catastrophically. Three regimes, with relative error below 1e-13 in double for
+/// gamma up to the thousands (tested against a long double sum up to gamma = 2048):
 ///  - gamma <= 64: Horner's rule on the sum (positive terms, exact for gamma = 1);
 ///  - n d < 2 with n = gamma + 1, d = 1 - alpha: the binomial series
 ///    (1 - (1 - d)^n) / d = sum_{k>=1} (-1)^(k+1) C(n, k) d^(k-1), whose cancellation
 ///    costs at most a factor e^(n d) < 7.4 in rounding error;
 ///  - otherwise alpha^n <= e^-2, so the closed form (1 - alpha^n) / d cancels little and
 ///    the rounding of alpha^n by squaring (about n ulps of alpha^n) is damped by e^-2.
-constexpr double geometric_sum(double alpha, std::size_t gamma) noexcept {
+/// Callers pass computation_type<T> (double or long double).
+template <std::floating_point T>
+constexpr T geometric_sum(T alpha, std::size_t gamma) noexcept {
   if (gamma <= 64) {
-    double sum = 1.0;
-    for (std::size_t k = 0; k < gamma; ++k) sum = 1.0 + alpha * sum;
+    T sum = 1;
+    for (std::size_t k = 0; k < gamma; ++k) sum = T{1} + alpha * sum;
     return sum;
   }
-  const double n = static_cast<double>(gamma) + 1.0;
-  const double d = 1.0 - alpha;
-  if (n * d < 2.0) {
-    double term = n;  // C(n, 1) d^0
-    double sum = term;
-    for (double k = 1.0; k < n; k += 1.0) {
-      term *= -(n - k) / (k + 1.0) * d;  // (-1)^k C(n, k + 1) d^k
+  const T n = static_cast<T>(gamma) + T{1};
+  const T d = T{1} - alpha;
+  if (n * d < T{2}) {
+    // Terms below this share of the sum no longer change it.
+    constexpr T negligible = std::numeric_limits<T>::epsilon() / T{256};
+    T term = n;  // C(n, 1) d^0
+    T sum = term;
+    for (T k = 1; k < n; k += T{1}) {
+      term *= -(n - k) / (k + T{1}) * d;  // (-1)^k C(n, k + 1) d^k
       sum += term;
-      if (!(term > 1e-18 * sum || -term > 1e-18 * sum)) break;
+      if (!(term > negligible * sum || -term > negligible * sum)) break;
     }
     return sum;
   }
-  return (1.0 - integer_power(alpha, gamma) * alpha) / d;
+  return (T{1} - integer_power(alpha, gamma) * alpha) / d;
+}
+
+/// The best gamma in [1, max_gamma] for Theorem 3.8, in the computation type T (see
+/// optimal_gamma for the cases and the search).
+template <std::floating_point T>
+constexpr std::pair<std::size_t, T> optimal_gamma_search(T alpha, T c,
+                                                         std::size_t max_gamma) noexcept {
+  const auto improvement_at = [&](std::size_t gamma) {
+    return geometric_sum(alpha, gamma) / (static_cast<T>(gamma) * c + T{1});
+  };
+  const bool increasing = (c == T{0} && alpha > T{0}) || (alpha == T{1} && c < T{1});
+  const bool flat_or_decreasing = alpha == T{0} || alpha == T{1};
+  if (increasing || flat_or_decreasing) {
+    const std::size_t gamma = increasing ? max_gamma : 1;
+    return {gamma, improvement_at(gamma)};
+  }
+  std::pair<std::size_t, T> best{1, improvement_at(1)};
+  for (std::size_t gamma = 2; gamma <= max_gamma; ++gamma) {
+    const T cost = static_cast<T>(gamma) * c + T{1};
+    // Later gammas cannot beat the best, not even by rounding noise.
+    if (T{1} / ((T{1} - alpha) * cost) < best.second * (T{1} - static_cast<T>(1e-12))) break;
+    const T improvement = geometric_sum(alpha, gamma) / cost;
+    if (improvement > best.second) best = {gamma, improvement};
+  }
+  return best;
 }
 
 /// Sum over x of f(p(x), q(x)) in double with four accumulators, after checking sizes and
@@ -181,11 +224,14 @@ template <ProbabilityVector P, ProbabilityVector Q>
 /// with mean alpha: (1 - alpha^(gamma+1)) / (1 - alpha) (Equation 1), a capped geometric
 /// variable. Equals gamma + 1 at alpha = 1 (the limit) and 1 at alpha = 0; accurate
 /// near alpha = 1 (no cancellation). It is also the factor by which the number of serial
-/// target calls shrinks. Throws `domain` for alpha outside [0, 1] or gamma < 1.
-[[nodiscard]] constexpr double expected_tokens_per_step(double alpha, std::size_t gamma) {
+/// target calls shrinks. Returns alpha's type. Throws `domain` for alpha outside [0, 1]
+/// or gamma < 1.
+template <std::floating_point T>
+[[nodiscard]] constexpr T expected_tokens_per_step(T alpha, std::size_t gamma) {
   detail::check_alpha("expected_tokens_per_step", "alpha", alpha);
   detail::check_gamma("expected_tokens_per_step", gamma);
-  return detail::geometric_sum(alpha, gamma);
+  using W = detail::computation_type<T>;
+  return static_cast<T>(detail::geometric_sum(static_cast<W>(alpha), gamma));
 }
 
 /// Expected tokens per step without the i.i.d. assumption (Sec. 3.1): `betas[i]` is the
@@ -193,71 +239,92 @@ template <ProbabilityVector P, ProbabilityVector Q>
 /// with `beta(p_i, q_i)` along a drafted sequence. Position i is reached only if all
 /// earlier drafts were accepted, so
 /// E[# tokens] = 1 + beta_1 + beta_1 beta_2 + ... + beta_1 ... beta_gamma.
-/// With all betas equal to alpha this is Equation 1. Throws `domain` for an empty range
-/// or a beta outside [0, 1].
+/// With all betas equal to alpha this is Equation 1. Returns the betas' value type.
+/// Throws `domain` for an empty range or a beta outside [0, 1].
 template <std::ranges::input_range R>
 requires std::floating_point<std::ranges::range_value_t<R>>
-[[nodiscard]] constexpr double expected_tokens_per_step(R&& betas) {
-  double tokens = 1.0;
-  double reach = 1.0;  // probability that every draft so far was accepted
+[[nodiscard]] constexpr std::ranges::range_value_t<R> expected_tokens_per_step(R&& betas) {
+  using T = std::ranges::range_value_t<R>;
+  using W = detail::computation_type<T>;
+  W tokens = 1;
+  W reach = 1;  // probability that every draft so far was accepted
   std::size_t count = 0;
   for (const auto value : betas) {
-    const auto position_beta = static_cast<double>(value);
+    const auto position_beta = static_cast<T>(value);
     detail::check_alpha("expected_tokens_per_step", "a per-position beta", position_beta);
-    reach *= position_beta;
+    reach *= static_cast<W>(position_beta);
     tokens += reach;
     ++count;
   }
   detail::check_gamma("expected_tokens_per_step (number of betas)", count);
-  return tokens;
+  return static_cast<T>(tokens);
 }
 
 /// Expected walltime improvement factor over standard decoding (Theorem 3.8):
 /// (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)). Assumes the gamma + 1 target
 /// evaluations of one step run in parallel in the time of one, and long generations.
-/// Throws `domain` for alpha outside [0, 1], gamma < 1, or c negative / not finite.
-[[nodiscard]] constexpr double walltime_improvement(double alpha, std::size_t gamma, double c) {
+/// Returns alpha's type (c converts to it). Throws `domain` for alpha outside [0, 1],
+/// gamma < 1, or c negative / not finite.
+template <std::floating_point T>
+[[nodiscard]] constexpr T walltime_improvement(T alpha, std::size_t gamma,
+                                               std::type_identity_t<T> c) {
   detail::check_alpha("walltime_improvement", "alpha", alpha);
   detail::check_gamma("walltime_improvement", gamma);
   detail::check_cost("walltime_improvement", "c", c);
-  return detail::geometric_sum(alpha, gamma) / (static_cast<double>(gamma) * c + 1.0);
+  using W = detail::computation_type<T>;
+  return static_cast<T>(detail::geometric_sum(static_cast<W>(alpha), gamma) /
+                        (static_cast<W>(gamma) * static_cast<W>(c) + W{1}));
 }
 
 /// Expected factor of increase in total arithmetic operations (Theorem 3.11):
 /// (1 - alpha)(gamma c_hat + gamma + 1) / (1 - alpha^(gamma+1)). At alpha = 1 it is
-/// (gamma c_hat + gamma + 1) / (gamma + 1). Throws `domain` for alpha outside [0, 1],
-/// gamma < 1, or c_hat negative / not finite.
-[[nodiscard]] constexpr double arithmetic_operations_factor(double alpha, std::size_t gamma,
-                                                            double c_hat) {
+/// (gamma c_hat + gamma + 1) / (gamma + 1). Returns alpha's type (c_hat converts to it).
+/// Throws `domain` for alpha outside [0, 1], gamma < 1, or c_hat negative / not finite.
+template <std::floating_point T>
+[[nodiscard]] constexpr T arithmetic_operations_factor(T alpha, std::size_t gamma,
+                                                       std::type_identity_t<T> c_hat) {
   detail::check_alpha("arithmetic_operations_factor", "alpha", alpha);
   detail::check_gamma("arithmetic_operations_factor", gamma);
   detail::check_cost("arithmetic_operations_factor", "c_hat", c_hat);
-  const double g = static_cast<double>(gamma);
-  return (g * c_hat + g + 1.0) / detail::geometric_sum(alpha, gamma);
+  using W = detail::computation_type<T>;
+  const auto g = static_cast<W>(gamma);
+  return static_cast<T>((g * static_cast<W>(c_hat) + g + W{1}) /
+                        detail::geometric_sum(static_cast<W>(alpha), gamma));
 }
 
 /// The walltime improvement at gamma = 1, (1 + alpha) / (1 + c) (Corollary 3.9). The best
 /// gamma is at least this good; if alpha > c the bound exceeds 1, i.e. some gamma gives a
-/// real improvement. Throws `domain` for alpha outside [0, 1] or c negative / not finite.
-[[nodiscard]] constexpr double min_improvement_bound(double alpha, double c) {
+/// real improvement. Returns alpha's type (c converts to it). Throws `domain` for alpha
+/// outside [0, 1] or c negative / not finite.
+template <std::floating_point T>
+[[nodiscard]] constexpr T min_improvement_bound(T alpha, std::type_identity_t<T> c) {
   detail::check_alpha("min_improvement_bound", "alpha", alpha);
   detail::check_cost("min_improvement_bound", "c", c);
-  return (1.0 + alpha) / (1.0 + c);
+  using W = detail::computation_type<T>;
+  return static_cast<T>((W{1} + static_cast<W>(alpha)) / (W{1} + static_cast<W>(c)));
 }
 
 /// Upper bound 1 / (1 - alpha) on the expected tokens per target call, reached by a
 /// gamma oracle or in the limit gamma -> infinity with c = 0 (Sec. 3.5, 3.6).
-/// +infinity at alpha = 1. Throws `domain` for alpha outside [0, 1].
-[[nodiscard]] constexpr double oracle_improvement_bound(double alpha) {
+/// +infinity at alpha = 1. Returns alpha's type. Throws `domain` for alpha outside
+/// [0, 1].
+template <std::floating_point T>
+[[nodiscard]] constexpr T oracle_improvement_bound(T alpha) {
   detail::check_alpha("oracle_improvement_bound", "alpha", alpha);
-  return alpha == 1.0 ? std::numeric_limits<double>::infinity() : 1.0 / (1.0 - alpha);
+  using W = detail::computation_type<T>;
+  return alpha == T{1} ? std::numeric_limits<T>::infinity()
+                       : static_cast<T>(W{1} / (W{1} - static_cast<W>(alpha)));
 }
 
-/// The result of `optimal_gamma`.
-struct GammaChoice {
-  std::size_t gamma = 1;     ///< the gamma in [1, max_gamma] maximising Theorem 3.8
-  double improvement = 1.0;  ///< walltime_improvement(alpha, gamma, c) at that gamma
+/// The result of `optimal_gamma` for arguments of type T.
+template <std::floating_point T>
+struct BasicGammaChoice {
+  std::size_t gamma = 1;  ///< the gamma in [1, max_gamma] maximising Theorem 3.8
+  T improvement = 1;      ///< walltime_improvement(alpha, gamma, c) at that gamma
 };
+
+/// The result of `optimal_gamma` for double arguments.
+using GammaChoice = BasicGammaChoice<double>;
 
 /// The integer gamma in [1, max_gamma] maximising the walltime improvement of
 /// Theorem 3.8 (Sec. 3.5, Figure 3). Cases with a closed answer: with c = 0 (and
@@ -267,29 +334,22 @@ struct GammaChoice {
 /// once even the bound 1 / ((1 - alpha)(gamma c + 1)) falls clearly below the best so far
 /// (so its cost is bounded by about 1 / ((1 - alpha) c) steps, whatever max_gamma). If
 /// alpha <= c no gamma improves on standard decoding and the improvement is <= 1
-/// (Cor. 3.9). Throws `domain` for alpha outside [0, 1], c negative / not finite, or
+/// (Cor. 3.9). The search runs in at least double precision, so float arguments choose
+/// the gamma their double values would; the improvement has alpha's type (c converts to
+/// it). Throws `domain` for alpha outside [0, 1], c negative / not finite, or
 /// max_gamma < 1.
-[[nodiscard]] constexpr GammaChoice optimal_gamma(double alpha, double c, std::size_t max_gamma) {
+template <std::floating_point T>
+[[nodiscard]] constexpr BasicGammaChoice<T> optimal_gamma(T alpha, std::type_identity_t<T> c,
+                                                          std::size_t max_gamma) {
   detail::check_alpha("optimal_gamma", "alpha", alpha);
   detail::check_cost("optimal_gamma", "c", c);
   if (max_gamma == 0) {
     detail::throw_error(errc::domain, "optimal_gamma: max_gamma = ", max_gamma, " must be >= 1");
   }
-  const bool increasing = (c == 0.0 && alpha > 0.0) || (alpha == 1.0 && c < 1.0);
-  const bool flat_or_decreasing = alpha == 0.0 || alpha == 1.0;
-  if (increasing || flat_or_decreasing) {
-    const std::size_t gamma = increasing ? max_gamma : 1;
-    return {gamma, walltime_improvement(alpha, gamma, c)};
-  }
-  GammaChoice best{1, walltime_improvement(alpha, 1, c)};
-  for (std::size_t gamma = 2; gamma <= max_gamma; ++gamma) {
-    const double cost = static_cast<double>(gamma) * c + 1.0;
-    // Later gammas cannot beat the best, not even by rounding noise.
-    if (1.0 / ((1.0 - alpha) * cost) < best.improvement * (1.0 - 1e-12)) break;
-    const double improvement = detail::geometric_sum(alpha, gamma) / cost;
-    if (improvement > best.improvement) best = {gamma, improvement};
-  }
-  return best;
+  using W = detail::computation_type<T>;
+  const auto [gamma, improvement] =
+      detail::optimal_gamma_search(static_cast<W>(alpha), static_cast<W>(c), max_gamma);
+  return {gamma, static_cast<T>(improvement)};
 }
 
 // ---------------------------------------------------------------------------------------
