@@ -87,6 +87,17 @@ struct NgramLike {
   }
 };
 
+struct ProposesIntoVector {  // out must be a std::span<token_id>
+  std::size_t propose(std::span<const token_id>, std::vector<token_id>& out) {
+    out.push_back(1);
+    return 1;
+  }
+};
+
+struct ModelAndProposer : SpanModel {
+  std::size_t propose(std::span<const token_id>, std::span<token_id>) { return 0; }
+};
+
 // A foreign row type opted in through the traits, without any base class.
 struct ForeignRow {
   const double* pointer;
@@ -142,8 +153,7 @@ TEST_CASE("as_span views every vector type without copying", "[concepts]") {
   CHECK(specdec::as_span(ForeignRow{storage, 2}).size() == 2);
 }
 
-TEMPLATE_TEST_CASE("LanguageModel accepts vector-returning models", "[concepts]", float,
-                   double) {
+TEMPLATE_TEST_CASE("LanguageModel accepts vector-returning models", "[concepts]", float, double) {
   STATIC_REQUIRE(specdec::LanguageModel<VectorModel<TestType>>);
   STATIC_REQUIRE_FALSE(specdec::BatchedLanguageModel<VectorModel<TestType>>);
   VectorModel<TestType> model;
@@ -186,12 +196,34 @@ TEST_CASE("BatchedLanguageModel: one call scores all gamma+1 prefixes", "[concep
   CHECK(rows(3, 1) == 0.5F);
 }
 
-TEST_CASE("ProposalDrafter and DraftSource", "[concepts]") {
+TEST_CASE("Drafter: a LanguageModel (q rows) or a ProposalDrafter (tokens only)", "[concepts]") {
   STATIC_REQUIRE(specdec::ProposalDrafter<NgramLike>);
   STATIC_REQUIRE_FALSE(specdec::LanguageModel<NgramLike>);
-  STATIC_REQUIRE(specdec::DraftSource<NgramLike>);
-  STATIC_REQUIRE(specdec::DraftSource<SpanModel>);
-  STATIC_REQUIRE_FALSE(specdec::DraftSource<ReturnsInts>);
+  STATIC_REQUIRE(specdec::Drafter<NgramLike>);
+  STATIC_REQUIRE_FALSE(specdec::drafts_from_rows<NgramLike>);
+
+  STATIC_REQUIRE(specdec::Drafter<SpanModel>);
+  STATIC_REQUIRE(specdec::Drafter<EigenModel>);
+  STATIC_REQUIRE(specdec::Drafter<VectorModel<double>>);
+  STATIC_REQUIRE(specdec::drafts_from_rows<SpanModel>);
+
+  // Both: used as a LanguageModel, whose q rows the decoder samples from.
+  STATIC_REQUIRE(specdec::LanguageModel<ModelAndProposer>);
+  STATIC_REQUIRE(specdec::ProposalDrafter<ModelAndProposer>);
+  STATIC_REQUIRE(specdec::drafts_from_rows<ModelAndProposer>);
+}
+
+TEST_CASE("Drafter names the missing clause of either kind", "[concepts]") {
+  // Neither kind: a row of ints is no ProbabilityVector, and there is no propose().
+  STATIC_REQUIRE_FALSE(specdec::Drafter<ReturnsInts>);
+  STATIC_REQUIRE_FALSE(specdec::HasNextTokenProbabilities<ReturnsInts>);
+  STATIC_REQUIRE_FALSE(specdec::HasPropose<ReturnsInts>);
+  // A proposer with the wrong signature fails HasPropose (and is no model).
+  STATIC_REQUIRE_FALSE(specdec::Drafter<ProposesIntoVector>);
+  STATIC_REQUIRE_FALSE(specdec::HasPropose<ProposesIntoVector>);
+  STATIC_REQUIRE_FALSE(specdec::HasVocabSize<ProposesIntoVector>);
+  STATIC_REQUIRE_FALSE(specdec::Drafter<MissingVocabSize>);
+  STATIC_REQUIRE_FALSE(specdec::Drafter<int>);
 }
 
 TEST_CASE("RowsView indexes strided rows", "[concepts][rows]") {

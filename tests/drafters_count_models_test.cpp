@@ -47,7 +47,7 @@ specdec::errc error_code(E&& expression) {
 TEMPLATE_TEST_CASE("UnigramModel is add-k smoothed frequency", "[drafters][count_models]", float,
                    double) {
   STATIC_REQUIRE(specdec::LanguageModel<specdec::UnigramModel<TestType>>);
-  STATIC_REQUIRE(specdec::DraftSource<specdec::UnigramModel<TestType>>);
+  STATIC_REQUIRE(specdec::Drafter<specdec::UnigramModel<TestType>>);
   const Tokens corpus = {0, 0, 1, 2, 2, 2};
   const specdec::UnigramModel<TestType> laplace(corpus, 4);
   CHECK(laplace.vocab_size() == 4);

@@ -98,9 +98,9 @@ std::pair<std::size_t, std::size_t> reference_sizes(const Tokens& context, std::
 
 TEST_CASE("NgramDrafter satisfies the drafter concepts", "[drafters][ngram]") {
   STATIC_REQUIRE(specdec::ProposalDrafter<specdec::NgramDrafter>);
-  STATIC_REQUIRE(specdec::DraftSource<specdec::NgramDrafter>);
+  STATIC_REQUIRE(specdec::Drafter<specdec::NgramDrafter>);
   STATIC_REQUIRE(specdec::LanguageModel<specdec::NgramDraftModel<float>>);
-  STATIC_REQUIRE(specdec::DraftSource<specdec::NgramDraftModel<double>>);
+  STATIC_REQUIRE(specdec::Drafter<specdec::NgramDraftModel<double>>);
 }
 
 TEST_CASE("NgramDrafter continues periodic text", "[drafters][ngram]") {

@@ -279,12 +279,43 @@ concept HasPropose = requires(D& drafter, std::span<const token_id> context,
 /// speculative sampling exact (accept x with probability p(x), residual = p without x).
 /// The drafter sees the whole accepted context on every call and may update its own
 /// tables from it; it must not assume that its previous proposal was accepted.
+/// @code
+/// struct RepeatLast {  // proposes the last token again, up to out.size() times
+///   std::size_t propose(std::span<const specdec::token_id> context,
+///                       std::span<specdec::token_id> out) {
+///     if (context.empty()) return 0;
+///     std::fill(out.begin(), out.end(), context.back());
+///     return out.size();
+///   }
+/// };
+/// static_assert(specdec::ProposalDrafter<RepeatLast>);
+/// @endcode
 template <class D>
 concept ProposalDrafter = HasPropose<D>;
 
-/// Anything the decoder can draft with: a LanguageModel (the decoder samples x_i from its
-/// standardized q rows itself) or a ProposalDrafter.
+/// What `SpeculativeDecoder<Target, Draft>` drafts with: proposed tokens x_1..x_gamma for
+/// one step, together with the q rows they were drawn from, or with none (one-hot q).
+/// Exactly two kinds of type qualify, each named by its own clause so that a rejected type
+/// is told what either kind needs:
+///  - a LanguageModel (`LanguageModel<D>`: q rows). The decoder adapts it: it calls
+///    `next_token_probabilities` once per drafted token, standardizes the row like the
+///    target's, draws x_i from that standardized q_i itself and verifies x_i with the same
+///    q_i. The tokens always come from the q in the acceptance ratio, so exactness holds by
+///    construction; a model never hands the decoder tokens it sampled on its own.
+///  - a ProposalDrafter (`ProposalDrafter<D>`: tokens only). It is called once per step and
+///    its tokens are verified with a one-hot q, which is exact for any proposal that is a
+///    function of the accepted context.
+/// A type that is both is used as a LanguageModel (its q rows carry more information).
+/// @code
+/// static_assert(specdec::Drafter<Bigram>);      // a LanguageModel, drafts sampled from q
+/// static_assert(specdec::Drafter<RepeatLast>);  // a ProposalDrafter, one-hot q
+/// @endcode
 template <class D>
-concept DraftSource = LanguageModel<D> || ProposalDrafter<D>;
+concept Drafter = LanguageModel<D> || ProposalDrafter<D>;
+
+/// Whether the decoder drafts from `D`'s q rows (a LanguageModel; also when `D` could
+/// propose too) rather than from its proposals.
+template <Drafter D>
+inline constexpr bool drafts_from_rows = LanguageModel<D>;
 
 }  // namespace specdec

@@ -5,11 +5,12 @@
 // One step (DESIGN.md "One decoding step"):
 //  1. gamma = gamma_policy.next_gamma(). A step emits up to gamma + 1 tokens; what would pass
 //     max_new_tokens is dropped (a prefix of an exact sample is exact), never emitted.
-//  2. Drafting. A LanguageModel draft is called once per token on context + x_1..x_{i-1};
-//     its row is standardized (sampling.hpp) into the decoder's workspace, normalized, and the
-//     decoder itself draws x_i from it — so the q in the acceptance ratio is always the q the
-//     token came from. Greedy (T = 0) drafts the argmax. A ProposalDrafter is called once and
-//     its tokens are verified with a one-hot q. After each drafted token the policy's
+//  2. Drafting, from any Drafter (concepts.hpp). A LanguageModel draft is adapted here: it
+//     is called once per token on context + x_1..x_{i-1}; its row is standardized
+//     (sampling.hpp) into the decoder's workspace, normalized, and the decoder itself draws
+//     x_i from it — so the q in the acceptance ratio is always the q the token came from.
+//     Greedy (T = 0) drafts the argmax. A ProposalDrafter is called once and its tokens are
+//     verified with a one-hot q. After each drafted token the policy's
 //     continue_drafting(top probability of the standardized q row, drafted) may end drafting
 //     (greedy LM drafts pass the raw row's top probability, proposal drafters pass 1.0);
 //     drafting also ends right after a stop token.
@@ -156,8 +157,8 @@ struct StepResult {
   /// 1 with score_draft, else drafted + 1; tree: 1 with score_tree, one per root-to-leaf
   /// path with score_draft, else one per node (root included).
   std::size_t target_calls = 0;
-  std::size_t draft_calls = 0;     ///< drafted for LanguageModel drafts, 1 for drafters; tree:
-                                   ///< expanded nodes
+  std::size_t draft_calls = 0;     ///< drafted for LanguageModel drafts, 1 for proposal drafters;
+                                   ///< tree: expanded nodes
   double beta_sum = 0.0;           ///< sum of beta over this step's verified positions
   std::size_t beta_positions = 0;  ///< verified positions with a beta (see statistics)
 };
@@ -299,7 +300,7 @@ class GuardedModel {
 
 }  // namespace detail
 
-template <LanguageModel TargetModel, DraftSource DraftModel>
+template <LanguageModel TargetModel, Drafter DraftModel>
 class SpeculativeDecoder;
 
 /// Thrown by a decoder when a model misbehaves: a row of the wrong size, NaN/Inf/negative
@@ -320,15 +321,16 @@ class decoding_error : public error {
   [[nodiscard]] std::size_t step() const noexcept { return step_; }
 
  private:
-  template <LanguageModel TargetModel, DraftSource DraftModel>
+  template <LanguageModel TargetModel, Drafter DraftModel>
   friend class SpeculativeDecoder;
   std::vector<token_id> tokens_;
   std::size_t step_;
 };
 
-/// Speculative decoding of `TargetModel` (M_p) with `DraftModel` (M_q): a LanguageModel
-/// (the decoder samples its drafts from its standardized q rows) or a ProposalDrafter
-/// (proposals verified with a one-hot q; a type that is both is used as a LanguageModel).
+/// Speculative decoding of `TargetModel` (M_p) with `DraftModel` (M_q), any Drafter
+/// (concepts.hpp): a LanguageModel, adapted by the decoder, which samples the drafts from
+/// its standardized q rows itself, or a ProposalDrafter, whose proposals are verified with a
+/// one-hot q (a type that is both is used as a LanguageModel).
 /// Holds references: both models must outlive the decoder. Not thread-safe (one decoder per
 /// thread; models are called from the calling thread only).
 ///
@@ -345,7 +347,7 @@ class decoding_error : public error {
 /// auto result = decoder.generate(prompt, 128, /*seed=*/42);
 /// // result.tokens, result.stop, result.statistics.mean_beta(), ...
 /// @endcode
-template <LanguageModel TargetModel, DraftSource DraftModel>
+template <LanguageModel TargetModel, Drafter DraftModel>
 class SpeculativeDecoder {
   using target_row_type =
       decltype(std::declval<TargetModel&>().next_token_probabilities(std::span<const token_id>()));
@@ -354,7 +356,7 @@ class SpeculativeDecoder {
   /// The scalar type of the target's rows; every workspace row uses it.
   using value_type = probability_scalar_t<target_row_type>;
   /// Whether the draft is used as a LanguageModel (else as a ProposalDrafter).
-  static constexpr bool draft_is_model = LanguageModel<DraftModel>;
+  static constexpr bool draft_is_model = drafts_from_rows<DraftModel>;
   /// Whether the target scores all prefixes in one call.
   static constexpr bool target_is_batched = BatchedLanguageModel<TargetModel>;
   /// "No token limit" for step().
