@@ -411,8 +411,10 @@ TEMPLATE_TEST_CASE("D16 generate: score_draft returns the wrong number of rows",
     specdec::SpeculativeDecoder decoder(target, draft, fixed(2));
     check_error(
         "D16", [&] { (void)decoder.generate(prompt, 8, std::uint64_t{1}); }, errc::invalid_size,
-        extra < 0 ? "target rows (step 0): score_draft returned 2 x 4, expected 3 x 4"
-                  : "score_draft returned 4 x 4, expected 3 x 4");
+        extra < 0 ? "target rows 0..2 (step 0, sequence positions 2..4): score_draft returned "
+                    "2 x 4, expected 3 x 4"
+                  : "target rows 0..2 (step 0, sequence positions 2..4): score_draft returned "
+                    "4 x 4, expected 3 x 4");
   }
 }
 

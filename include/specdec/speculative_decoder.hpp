@@ -641,6 +641,23 @@ class SpeculativeDecoder {
     return text;
   }
 
+  // A block of `count` rows from one call, as describe() names one row:
+  // "target rows 0..3 (step 7, sequence positions 45..48)"; describe(model, 0) for one row.
+  [[nodiscard]] std::string describe_block(std::string_view model, std::size_t count) const {
+    if (count == 1) return describe(model, 0);
+    std::string text(model);
+    text += " rows 0..";
+    text += std::to_string(count - 1);
+    text += " (step ";
+    text += std::to_string(step_index_);
+    text += ", sequence positions ";
+    text += std::to_string(base_length_);
+    text += "..";
+    text += std::to_string(base_length_ + count - 1);
+    text += ')';
+    return text;
+  }
+
   // Size check (always) and full validation (validate_rows) of one model row.
   template <class U>
   void check_row(std::span<const U> row, std::string_view model, std::size_t index) const {
@@ -859,7 +876,7 @@ class SpeculativeDecoder {
       using scored_scalar = typename std::remove_cvref_t<decltype(rows)>::value_type;
       if (rows.rows() != drafted + 1 || rows.cols() != vocab_size_) {
         fail(errc::invalid_size,
-             "target rows (step " + std::to_string(step_index_) + "): score_draft returned " +
+             describe_block("target", drafted + 1) + ": score_draft returned " +
                  std::to_string(rows.rows()) + " x " + std::to_string(rows.cols()) + ", expected " +
                  std::to_string(drafted + 1) + " x " + std::to_string(vocab_size_));
       }
