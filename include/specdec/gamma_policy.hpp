@@ -22,10 +22,12 @@ namespace specdec {
 
 /// What happened in one decoding step, reported to the policy after verification.
 struct StepFeedback {
-  std::size_t drafted = 0;      ///< tokens drafted this step (the gamma actually used)
-  std::size_t accepted = 0;     ///< n: drafts accepted by the verifier, 0..drafted
-  double draft_seconds = 0.0;   ///< wall time of this step's draft calls (0 if not timed)
-  double target_seconds = 0.0;  ///< wall time of this step's target call(s) (0 if not timed)
+  std::size_t drafted = 0;   ///< tokens drafted this step (the gamma actually used)
+  std::size_t accepted = 0;  ///< n: drafts accepted by the verifier, 0..drafted
+  /// Time of this step's draft calls and of its target call(s) plus verification, by
+  /// DecoderOptions::clock (wall time by default); both 0 unless the policy needs_timing().
+  double draft_seconds = 0.0;
+  double target_seconds = 0.0;
 };
 
 /// `policy.next_gamma()` (const): the number of tokens to draft next step, >= 1.
@@ -50,7 +52,8 @@ concept HasObserve = requires(P& policy, const StepFeedback& feedback) {
 };
 
 /// `policy.needs_timing()` (const): whether the decoder should time draft and target calls
-/// and fill StepFeedback's seconds fields (timing costs a clock read per call).
+/// and fill StepFeedback's seconds fields (three clock reads per step; the clock is
+/// DecoderOptions::clock, std::chrono::steady_clock by default).
 template <class P>
 concept HasNeedsTiming = requires(const P& policy) {
   { policy.needs_timing() } -> std::convertible_to<bool>;
@@ -274,7 +277,8 @@ struct OptimalGammaOptions {
   /// finite and >= 0. Used as given when `measure_cost` is false, else as the starting value
   /// until the first timed step.
   double cost_ratio = 0.0;
-  /// Measure c from the decoder's timings (needs_timing() becomes true).
+  /// Measure c from the decoder's timings (needs_timing() becomes true). The decoder reads
+  /// DecoderOptions::clock: wall time by default, or a simulated clock for reproducible runs.
   bool measure_cost = false;
 };
 

@@ -114,6 +114,13 @@ struct DecoderOptions {
   SamplingOptions sampling{};
   /// Draft length per step; FixedGamma{4} by default. See gamma_policy.hpp for the protocol.
   AnyGammaPolicy gamma_policy = FixedGamma{4};
+  /// Time source of the StepFeedback seconds, read only for a policy whose needs_timing()
+  /// is true: before drafting, before scoring and after verification. Returns seconds on
+  /// any monotonic scale; empty (the default) is std::chrono::steady_clock. A simulated
+  /// clock (advanced by the models, say) makes measured costs reproducible, e.g. in tests,
+  /// or counts cost in work units instead of wall time. Exceptions from it propagate; the
+  /// step then emits nothing.
+  std::function<double()> clock{};
   /// Generation ends right after any of these tokens (it is emitted, nothing after it).
   std::vector<token_id> stop_tokens{};
   /// Generation ends right after the generated tokens end with any of these sequences
@@ -482,8 +489,6 @@ class SpeculativeDecoder {
   [[nodiscard]] DraftModel& draft() const noexcept { return *draft_; }
 
  private:
-  using clock = std::chrono::steady_clock;
-
   static const SamplingOptions& checked_sampling(const SamplingOptions& sampling) {
     sampling.validate();
     return sampling;
@@ -694,19 +699,19 @@ class SpeculativeDecoder {
     grow_workspace(gamma);
     StepResult result;
     try {
-      const clock::time_point draft_start = timed ? clock::now() : clock::time_point{};
+      const double draft_start = timed ? now() : 0.0;
       result.drafted = draft_tokens(gamma, g, result);
-      const clock::time_point target_start = timed ? clock::now() : clock::time_point{};
+      const double target_start = timed ? now() : 0.0;
       score_and_verify(g, result);
-      const clock::time_point target_end = timed ? clock::now() : clock::time_point{};
+      const double target_end = timed ? now() : 0.0;
       emit(result, max_tokens, stop_floor);
       statistics_.record(result);
       StepFeedback feedback;
       feedback.drafted = result.drafted;
       feedback.accepted = result.accepted;
       if (timed) {
-        feedback.draft_seconds = std::chrono::duration<double>(target_start - draft_start).count();
-        feedback.target_seconds = std::chrono::duration<double>(target_end - target_start).count();
+        feedback.draft_seconds = target_start - draft_start;
+        feedback.target_seconds = target_end - target_start;
       }
       options_.gamma_policy.observe(feedback);
     } catch (...) {
@@ -714,6 +719,13 @@ class SpeculativeDecoder {
       throw;
     }
     return finish_step(result);
+  }
+
+  // Seconds from DecoderOptions::clock, else from std::chrono::steady_clock.
+  [[nodiscard]] double now() const {
+    if (options_.clock) return options_.clock();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
   }
 
   // Counts the step and streams its tokens.
