@@ -19,6 +19,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <unordered_map>
 #include <vector>
@@ -266,13 +267,15 @@ void BM_PromptLookupPropose(benchmark::State& state) {
 }
 
 // A draft LanguageModel drafts greedily here: one row and one argmax per drafted token,
-// the drafted token appended to the context for the next row (as the decoder does).
+// the drafted token appended to the context for the next row (as the decoder does). The
+// model sees the last `history` tokens of the sequence (all of them by default).
 template <class Model>
-std::size_t draft_from_model(Model& model, std::vector<token_id>& sequence,
-                             std::span<token_id> out) {
+std::size_t draft_from_model(Model& model, std::vector<token_id>& sequence, std::span<token_id> out,
+                             std::size_t history = std::numeric_limits<std::size_t>::max()) {
   const std::size_t accepted_length = sequence.size();
   for (auto& token : out) {
-    const auto row = model.next_token_probabilities(sequence);
+    const auto row = model.next_token_probabilities(
+        std::span<const token_id>(sequence).last(std::min(history, sequence.size())));
     token = static_cast<token_id>(std::max_element(row.begin(), row.end()) - row.begin());
     sequence.push_back(token);
   }
@@ -289,11 +292,22 @@ void BM_NgramModelDraft(benchmark::State& state) {
   });
 }
 
-// The bigram model has no history (its cost does not depend on it); run once.
+// The count models (the paper's trivial drafts, trained on the first half of the stream)
+// are given the last `history` tokens of the context as their history: they read at most
+// the last token, so their cost must not grow with it (the 512 and 8192 rows show that).
 void BM_BigramDraft(benchmark::State& state) {
+  const auto history = static_cast<std::size_t>(state.range(0));
   static specdec::BigramModel<float> bigram(training_part(), code_vocab, 0.1);
   run_drafting(state, [&](std::vector<token_id>& sequence, std::span<token_id> out) {
-    return draft_from_model(bigram, sequence, out);
+    return draft_from_model(bigram, sequence, out, history);
+  });
+}
+
+void BM_UnigramDraft(benchmark::State& state) {
+  const auto history = static_cast<std::size_t>(state.range(0));
+  static specdec::UnigramModel<float> unigram(training_part(), code_vocab, 0.1);
+  run_drafting(state, [&](std::vector<token_id>& sequence, std::span<token_id> out) {
+    return draft_from_model(unigram, sequence, out, history);
   });
 }
 
@@ -489,7 +503,8 @@ void BM_TokensPerTargetCall(benchmark::State& state) {
 BENCHMARK(BM_NgramPropose)->Arg(512)->Arg(8192);
 BENCHMARK(BM_PromptLookupPropose)->Arg(512)->Arg(8192);
 BENCHMARK(BM_NgramModelDraft)->Arg(512)->Arg(8192);
-BENCHMARK(BM_BigramDraft);
+BENCHMARK(BM_BigramDraft)->Arg(512)->Arg(8192);
+BENCHMARK(BM_UnigramDraft)->Arg(512)->Arg(8192);
 BENCHMARK(BM_TokensPerTargetCall)
     ->ArgsProduct({{0, 1, 2, 3, 4}, {0, 1}, {0, 1}})
     ->ArgNames({"drafter", "T", "policy"})
