@@ -293,6 +293,46 @@ concept HasPropose = requires(D& drafter, std::span<const token_id> context,
 template <class D>
 concept ProposalDrafter = HasPropose<D>;
 
+/// `drafter.propose_many(context, out, lengths)`: writes up to B = `lengths.size()`
+/// continuations of `context`, continuation b into out[b L, b L + lengths[b]) with
+/// L = `out.size() / B`, and returns how many it wrote.
+template <class D>
+concept HasProposeMany = requires(D& drafter, std::span<const token_id> context,
+                                  std::span<token_id> out, std::span<std::size_t> lengths) {
+  { drafter.propose_many(context, out, lengths) } -> std::convertible_to<std::size_t>;
+};
+
+/// A ProposalDrafter that can offer several continuations of one context, for proposal
+/// trees (build_proposal_tree in draft_tree.hpp): NgramDrafter (the most frequent next
+/// tokens, each chained) and PromptLookupDrafter (the continuations of several earlier
+/// matches).
+///
+/// Semantic requirements the compiler cannot check: the call returns B' <= B and sets
+/// 1 <= lengths[b] <= L for b < B' (the builder checks both); the continuations are ordered
+/// likeliest first, which is the order verification tries them in; they are a function of
+/// the context (and the drafter's own state), never of the target, which is what keeps a
+/// tree of one_hot candidates exact. Continuations may share prefixes or even coincide: the
+/// tree merges them. As for `propose`, no allocation is expected per call once warm.
+/// @code
+/// struct LastTwo {  // proposes "repeat the last token" and "repeat the one before"
+///   std::size_t propose(std::span<const specdec::token_id> c, std::span<specdec::token_id> out);
+///   std::size_t propose_many(std::span<const specdec::token_id> c,
+///                            std::span<specdec::token_id> out, std::span<std::size_t> lengths) {
+///     if (lengths.empty() || out.size() < lengths.size()) return 0;
+///     const std::size_t length = out.size() / lengths.size();
+///     const std::size_t branches = std::min<std::size_t>({lengths.size(), c.size(), 2});
+///     for (std::size_t b = 0; b < branches; ++b) {
+///       std::ranges::fill(out.subspan(b * length, length), c[c.size() - 1 - b]);
+///       lengths[b] = length;
+///     }
+///     return branches;
+///   }
+/// };
+/// static_assert(specdec::MultiProposalDrafter<LastTwo>);
+/// @endcode
+template <class D>
+concept MultiProposalDrafter = ProposalDrafter<D> && HasProposeMany<D>;
+
 /// What `SpeculativeDecoder<Target, Draft>` drafts with: proposed tokens x_1..x_gamma for
 /// one step, together with the q rows they were drawn from, or with none (one-hot q).
 /// Exactly two kinds of type qualify, each named by its own clause so that a rejected type

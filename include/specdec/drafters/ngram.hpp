@@ -57,13 +57,23 @@ class NgramDraftModel;
 /// lookup context and the drafter chains on, up to `out.size()` tokens; it stops early as
 /// soon as no context matches. The proposed tokens are never added to the tables.
 ///
+/// **Several proposals** (`propose_many`, a MultiProposalDrafter for token trees). The
+/// first tokens of the continuations are the successors of the longest matching context,
+/// most frequent first (ties to the most recent); when it has fewer than asked for, the
+/// successors of the next shorter matching context that are not yet taken follow, and so
+/// on down to 1 token (backoff). Each first token is then chained exactly as `propose`
+/// does, so the first continuation is `propose`'s proposal. Costs O(B L N) hash lookups
+/// plus the successor lists of the matching contexts (B continuations of up to L tokens);
+/// allocates only when B exceeds every earlier call's.
+///
 /// **Memory bound.** A window of W tokens holds at most W - k + 1 n-grams of order k, so at
 /// most E = (N-1) W context records and E (context, token) records are live. Every
 /// structure is sized for E at construction (hash tables at load <= 1/2) and never grows,
 /// and `contexts()`, `successors()` <= `max_entries()` = E at all times. `memory_bytes()` is
 /// fixed by (N, W): on 64-bit platforms 100 bytes of records and links per entry, 64 to 128
 /// for the two hash tables (power-of-two capacity >= 2E) and 4 W for the ring, i.e. 168 to
-/// 232 bytes per entry (N = 4: 280 KiB at W = 512, 4.4 MiB at W = 8192).
+/// 232 bytes per entry (N = 4: 280 KiB at W = 512, 4.4 MiB at W = 8192), plus 4 bytes per
+/// continuation of the largest propose_many call.
 ///
 /// **Hashing.** Contexts are keyed by 64-bit hashes (mix64 chains). Two contexts with the
 /// same hash share counts; that can only make a proposal worse, never the output wrong.
@@ -115,21 +125,29 @@ class NgramDrafter {
   /// token's context has never been seen). Allocates nothing.
   std::size_t propose(std::span<const token_id> context, std::span<token_id> out) {
     update(context);
-    std::size_t recent = std::min(orders_, context.size());
-    std::copy(context.end() - static_cast<std::ptrdiff_t>(recent), context.end(), recent_.begin());
-    for (std::size_t k = 0; k < out.size(); ++k) {
-      const std::uint32_t found = longest_match(std::span<const token_id>(recent_.data(), recent));
-      if (found == npos) return k;
-      const token_id next = nodes_[best_successor(found)].token;
-      out[k] = next;
-      if (recent < orders_) {
-        recent_[recent++] = next;
-      } else {
-        std::copy(recent_.begin() + 1, recent_.end(), recent_.begin());
-        recent_.back() = next;
-      }
+    return chain(load_recent(context), out);
+  }
+
+  /// Brings the tables to `context`, then writes up to B = `lengths.size()` continuations
+  /// of up to L = `out.size() / B` tokens each (see the class comment): continuation b goes
+  /// to out[b L, b L + lengths[b]), 1 <= lengths[b] <= L. Returns how many it wrote (0 if
+  /// the last token's context has never been seen, or L = 0). The continuations start with
+  /// distinct tokens, likeliest first. Allocates only when B exceeds every earlier call's.
+  std::size_t propose_many(std::span<const token_id> context, std::span<token_id> out,
+                           std::span<std::size_t> lengths) {
+    update(context);
+    if (lengths.empty()) return 0;
+    const std::size_t max_length = out.size() / lengths.size();
+    if (max_length == 0) return 0;
+    const std::size_t branches = rank_first_tokens(context, lengths.size());
+    for (std::size_t b = 0; b < branches; ++b) {
+      const std::span<token_id> slot = out.subspan(b * max_length, max_length);
+      slot[0] = nodes_[first_[b]].token;
+      std::size_t recent = load_recent(context);
+      push_recent(recent, slot[0]);
+      lengths[b] = 1 + chain(recent, slot.subspan(1));
     }
-    return out.size();
+    return branches;
   }
 
   /// Brings the tables to `context` without proposing (e.g. to seed them from a prompt).
@@ -182,7 +200,8 @@ class NgramDrafter {
   [[nodiscard]] std::size_t successors() const noexcept { return successor_table_.size(); }
   /// The bound E = (N-1) W on contexts() and successors().
   [[nodiscard]] std::size_t max_entries() const noexcept { return orders_ * window_; }
-  /// Bytes held by all tables and buffers; fixed at construction.
+  /// Bytes held by all tables and buffers; fixed at construction, except for 4 bytes per
+  /// continuation of the largest propose_many call so far.
   [[nodiscard]] std::size_t memory_bytes() const noexcept {
     return ring_.capacity() * sizeof(token_id) + entry_node_.capacity() * sizeof(std::uint32_t) +
            (entry_previous_.capacity() + entry_next_.capacity()) * sizeof(std::size_t) +
@@ -191,7 +210,7 @@ class NgramDrafter {
            (free_contexts_.capacity() + free_nodes_.capacity()) * sizeof(std::uint32_t) +
            context_table_.memory_bytes() + successor_table_.memory_bytes() +
            recent_.capacity() * sizeof(token_id) + keys_.capacity() * sizeof(std::uint64_t) +
-           matched_.capacity() * sizeof(std::uint32_t);
+           (matched_.capacity() + first_.capacity()) * sizeof(std::uint32_t);
   }
 
   /// Count of `next` after the last `context.size()` tokens (1 <= size <= N-1) in the
@@ -320,18 +339,83 @@ class NgramDrafter {
     return context.best;
   }
 
-  // The record of the longest suffix (at most N-1 tokens) of `recent` with a table entry.
-  [[nodiscard]] std::uint32_t longest_match(std::span<const token_id> recent) {
+  // Fills keys_[m - 1] with the key of the last m tokens of `recent`, m = 1..size.
+  void compute_keys(std::span<const token_id> recent) noexcept {
     std::uint64_t hash = 0;
     for (std::size_t m = 1; m <= recent.size(); ++m) {
       hash = extend_hash(hash, recent[recent.size() - m]);
       keys_[m - 1] = context_key(hash, m);
     }
+  }
+
+  // The record of the longest suffix (at most N-1 tokens) of `recent` with a table entry.
+  [[nodiscard]] std::uint32_t longest_match(std::span<const token_id> recent) {
+    compute_keys(recent);
     for (std::size_t m = recent.size(); m >= 1; --m) {
       const std::uint32_t record = find_context(keys_[m - 1]);
       if (record != npos) return record;
     }
     return npos;
+  }
+
+  // Copies the last min(N-1, context.size()) tokens of `context` into recent_; returns
+  // how many.
+  std::size_t load_recent(std::span<const token_id> context) noexcept {
+    const std::size_t recent = std::min(orders_, context.size());
+    std::copy(context.end() - static_cast<std::ptrdiff_t>(recent), context.end(), recent_.begin());
+    return recent;
+  }
+
+  // Appends `next` to the lookup context recent_[0, recent), dropping its oldest token
+  // when it holds N-1 already.
+  void push_recent(std::size_t& recent, token_id next) noexcept {
+    if (recent < orders_) {
+      recent_[recent++] = next;
+    } else {
+      std::copy(recent_.begin() + 1, recent_.end(), recent_.begin());
+      recent_.back() = next;
+    }
+  }
+
+  // Chains proposals after the lookup context recent_[0, recent) into `out`: the best
+  // successor of the longest match, appended and looked up again. Returns how many.
+  std::size_t chain(std::size_t recent, std::span<token_id> out) {
+    for (std::size_t k = 0; k < out.size(); ++k) {
+      const std::uint32_t found = longest_match(std::span<const token_id>(recent_.data(), recent));
+      if (found == npos) return k;
+      out[k] = nodes_[best_successor(found)].token;
+      push_recent(recent, out[k]);
+    }
+    return out.size();
+  }
+
+  // Ranks up to `wanted` distinct first tokens into first_ (successor nodes): the matching
+  // contexts of `context` longest first, the successors of each in outranks order. Returns
+  // how many.
+  std::size_t rank_first_tokens(std::span<const token_id> context, std::size_t wanted) {
+    if (first_.size() < wanted) first_.resize(wanted);
+    const std::size_t recent = load_recent(context);
+    compute_keys(std::span<const token_id>(recent_.data(), recent));
+    std::size_t taken = 0;
+    for (std::size_t m = recent; m >= 1 && taken < wanted; --m) {
+      const std::uint32_t record = find_context(keys_[m - 1]);
+      if (record == npos) continue;
+      // Insertion into the sorted tail first_[taken, filled): at most wanted - taken nodes.
+      const std::size_t tier = taken;
+      std::size_t filled = tier;
+      for (std::uint32_t node = contexts_[record].head; node != npos; node = nodes_[node].next) {
+        const token_id token = nodes_[node].token;
+        bool seen = false;
+        for (std::size_t k = 0; k < tier && !seen; ++k) seen = nodes_[first_[k]].token == token;
+        if (seen) continue;
+        if (filled == wanted && !outranks(node, first_[wanted - 1])) continue;
+        std::size_t at = filled == wanted ? wanted - 1 : filled++;
+        for (; at > tier && outranks(node, first_[at - 1]); --at) first_[at] = first_[at - 1];
+        first_[at] = node;
+      }
+      taken = filled;
+    }
+    return taken;
   }
 
   // Adds the n-gram of order index `order_index` whose next token is at `position`.
@@ -504,6 +588,7 @@ class NgramDrafter {
   std::vector<token_id> recent_;        // propose(): lookup context, scratch
   std::vector<std::uint64_t> keys_;     // propose(): context keys per length, scratch
   std::vector<std::uint32_t> matched_;  // model view: matched records per length, scratch
+  std::vector<std::uint32_t> first_;    // propose_many(): ranked first tokens, scratch
 };
 
 /// The probabilistic mode of an NgramDrafter: a draft LanguageModel whose rows are smoothed
@@ -586,7 +671,7 @@ class NgramDraftModel {
   std::vector<T> row_;
 };
 
-static_assert(ProposalDrafter<NgramDrafter>);
+static_assert(MultiProposalDrafter<NgramDrafter>);
 static_assert(LanguageModel<NgramDraftModel<float>>);
 static_assert(LanguageModel<NgramDraftModel<double>>);
 

@@ -52,6 +52,18 @@ struct PromptLookupMatch {
 /// failure array of min(max_ngram, window) entries, grown on demand and then reused, so
 /// steady-state propose() calls allocate nothing. No state is carried between calls: the
 /// whole context is searched each time (rollbacks and new prompts need no care).
+///
+/// **Several proposals** (`propose_many`, a MultiProposalDrafter for token trees). Every
+/// earlier position of the window is an occurrence whose match length is how many tokens
+/// before it agree with the suffix (at most `max_ngram`); occurrences of at least
+/// `min_ngram` tokens are ranked longest first, then most recent first, and the first B
+/// whose continuations (L tokens, overlapping copies as above) differ are proposed, so the
+/// first is `propose`'s. The match lengths come from one Z-function pass over the reversed
+/// window, capped at max_ngram (at most 2 window token comparisons; only max_ngram values
+/// are stored); telling continuations apart costs at most B L comparisons for an
+/// occurrence that could enter the top B, and the scan stops once B occurrences of full
+/// length max_ngram are held. Allocates only when B or max_ngram exceed every earlier
+/// call's.
 /// @code
 /// specdec::PromptLookupDrafter lookup({.min_ngram = 2, .max_ngram = 6});
 /// std::size_t drafted = lookup.propose(context, draft);
@@ -124,11 +136,106 @@ class PromptLookupDrafter {
     return out.size();
   }
 
+  /// Writes up to B = `lengths.size()` continuations of L = `out.size() / B` tokens each
+  /// (see the class comment): continuation b goes to out[b L, b L + lengths[b]) and
+  /// lengths[b] = L. Returns how many (0: no match of min_ngram tokens, or L = 0). The
+  /// continuations differ pairwise, best match first; the first equals what propose()
+  /// writes into L tokens. last_match() describes the first continuation's occurrence and
+  /// counts every comparison of the call.
+  std::size_t propose_many(std::span<const token_id> context, std::span<token_id> out,
+                           std::span<std::size_t> lengths) {
+    last_ = PromptLookupMatch{};
+    if (lengths.empty()) return 0;
+    const std::size_t max_length = out.size() / lengths.size();
+    if (max_length == 0) return 0;
+    const std::size_t length = context.size();
+    const std::size_t searched = std::min(length, options_.window);
+    if (searched < 2) return 0;
+    const token_id* last = context.data() + (length - 1);
+    const auto reversed = [last](std::size_t k) { return *(last - k); };
+    const std::size_t pattern = std::min(options_.max_ngram, searched - 1);
+    if (pattern < options_.min_ngram) return 0;
+    const std::size_t wanted = lengths.size();
+    if (z_.size() < pattern) z_.resize(pattern);
+    if (kept_.size() < wanted) kept_.resize(wanted);
+    // The continuation of the occurrence at i (reversed index, i.e. copying from context
+    // position length - i) has period i: token k is context[length - i + k mod i].
+    const auto continuation = [&](std::size_t i, std::size_t k) {
+      return context[length - i + k % i];
+    };
+
+    std::size_t comparisons = 0;
+    std::size_t held = 0;
+    // Z-function of the reversed window capped at `pattern`: matched = the longest common
+    // prefix of reversed[i, searched) and reversed[0, pattern). [box_begin, box_end) is the
+    // rightmost window known to equal reversed[0, box_end - box_begin).
+    std::size_t box_begin = 0;
+    std::size_t box_end = 0;
+    for (std::size_t i = 1; i < searched; ++i) {
+      std::size_t matched = 0;
+      if (i < box_end && z_[i - box_begin] < box_end - i) {
+        matched = z_[i - box_begin];
+      } else {
+        matched = i < box_end ? box_end - i : 0;
+        while (matched < pattern && i + matched < searched) {
+          ++comparisons;
+          if (reversed(i + matched) != reversed(matched)) break;
+          ++matched;
+        }
+        if (i + matched > box_end) {
+          box_begin = i;
+          box_end = i + matched;
+        }
+      }
+      if (i < pattern) z_[i] = matched;
+      if (matched < options_.min_ngram) continue;
+      // Occurrences arrive most recent first, so this one ranks below every held one of
+      // the same length or longer.
+      if (held == wanted && matched <= kept_[wanted - 1].length) continue;
+      std::size_t same = held;
+      for (std::size_t h = 0; h < held && same == held; ++h) {
+        std::size_t k = 0;
+        while (k < max_length) {
+          ++comparisons;
+          if (continuation(kept_[h].position, k) != continuation(i, k)) break;
+          ++k;
+        }
+        if (k == max_length) same = h;
+      }
+      std::size_t at = 0;
+      if (same < held) {
+        if (matched <= kept_[same].length) continue;
+        at = same;  // the same continuation from a longer match: move it up
+      } else {
+        at = held < wanted ? held++ : wanted - 1;
+      }
+      for (; at > 0 && kept_[at - 1].length < matched; --at) kept_[at] = kept_[at - 1];
+      kept_[at] = Occurrence{matched, i};
+      if (held == wanted && kept_[wanted - 1].length == pattern) break;  // none can enter
+    }
+    last_.comparisons = comparisons;
+    if (held == 0) return 0;
+    last_.length = kept_[0].length;
+    last_.source = length - kept_[0].position;
+    for (std::size_t b = 0; b < held; ++b) {
+      const std::span<token_id> slot = out.subspan(b * max_length, max_length);
+      for (std::size_t k = 0; k < max_length; ++k) slot[k] = continuation(kept_[b].position, k);
+      lengths[b] = max_length;
+    }
+    return held;
+  }
+
   [[nodiscard]] const PromptLookupOptions& options() const noexcept { return options_; }
-  /// The match of the last propose() call and the token comparisons it spent.
+  /// The match of the last propose() or propose_many() call and the token comparisons it
+  /// spent.
   [[nodiscard]] const PromptLookupMatch& last_match() const noexcept { return last_; }
 
  private:
+  struct Occurrence {
+    std::size_t length = 0;    // match length
+    std::size_t position = 0;  // i: the occurrence ends at context position length - 1 - i
+  };
+
   // failure_[q] = length of the longest proper border of P[0, q], computed on demand.
   template <class Reversed>
   std::size_t failure(std::size_t q, const Reversed& reversed, std::size_t& comparisons) {
@@ -157,9 +264,11 @@ class PromptLookupDrafter {
   PromptLookupOptions options_;
   std::vector<std::size_t> failure_;
   std::size_t failure_computed_ = 0;
+  std::vector<std::size_t> z_;    // propose_many(): capped Z values of indices < max_ngram
+  std::vector<Occurrence> kept_;  // propose_many(): the best occurrences so far, ranked
   PromptLookupMatch last_;
 };
 
-static_assert(ProposalDrafter<PromptLookupDrafter>);
+static_assert(MultiProposalDrafter<PromptLookupDrafter>);
 
 }  // namespace specdec
