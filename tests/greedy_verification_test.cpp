@@ -16,6 +16,7 @@
 #include "specdec/greedy_verification.hpp"
 #include "specdec/random.hpp"
 #include "specdec/speculative_sampling.hpp"
+#include "support/guarded_memory.hpp"
 
 namespace {
 
@@ -87,8 +88,7 @@ TEMPLATE_TEST_CASE("argmax returns the lowest id among ties", "[greedy_verificat
   CHECK(specdec::argmax(eigen_row) == 9);
 }
 
-TEMPLATE_TEST_CASE("is_row_argmax stops at the first witness and honours ties",
-                   "[greedy_verification]", float, double) {
+TEMPLATE_TEST_CASE("is_row_argmax honours ties", "[greedy_verification]", float, double) {
   using T = TestType;
   std::vector<T> row(200, T(0.001));
   row[70] = T(0.5);
@@ -99,6 +99,41 @@ TEMPLATE_TEST_CASE("is_row_argmax stops at the first witness and honours ties",
   row[199] = T(0.6);
   CHECK_FALSE(specdec::detail::is_row_argmax(row.data(), row.size(), 70));
   CHECK(specdec::detail::is_row_argmax(row.data(), row.size(), 199));
+}
+
+TEMPLATE_TEST_CASE("is_row_argmax stops at the first witness", "[greedy_verification]", float,
+                   double) {
+  // Only the entries up to the end of the block holding the first witness (or the
+  // candidate's block, whichever is later) are readable; the rest of the row lies in a guard
+  // page (support/guarded_memory.hpp), so a scan that went on past the witness would crash
+  // the test. The answer itself cannot tell: with a witness it is false whatever follows.
+  using T = TestType;
+  constexpr std::size_t block = specdec::detail::kernel_block;
+  struct Case {
+    std::size_t candidate;
+    std::size_t witness;
+    T witness_value;  // the candidate's value is 0.3
+    std::size_t readable;
+    const char* what;
+  };
+  const std::vector<Case> cases = {
+      {10, 2 * block + 5, T(0.5), 3 * block, "witness two blocks after the candidate"},
+      {10, 50, T(0.5), block, "witness later in the candidate's block"},
+      {10, 3, T(0.3), block, "tie with an earlier id in the candidate's block"},
+      {block + 10, 7, T(0.3), 2 * block, "tie with an earlier id in an earlier block"},
+      {2 * block + 1, block + 9, T(0.9), 3 * block, "witness in an earlier block"},
+  };
+  for (const std::size_t size : {5 * block, 5 * block + 44, 40 * block + 3}) {
+    for (const Case& c : cases) {
+      INFO(c.what << ", row size " << size);
+      specdec::testing::GuardedArray<T> row(c.readable, size - c.readable);
+      std::fill(row.data(), row.data() + c.readable, T(0.001));
+      row[c.candidate] = T(0.3);
+      row[c.witness] = c.witness_value;
+      CHECK_FALSE(specdec::detail::is_row_argmax(row.data(), size, c.candidate));
+    }
+  }
+  CHECK(specdec::testing::GuardedArray<T>::enforced);
 }
 
 TEMPLATE_TEST_CASE("verify_greedy accepts exact matches and corrects the first mismatch",
@@ -209,17 +244,19 @@ TEMPLATE_TEST_CASE("verify_greedy equals Algorithm 1 fed one-hot rows", "[greedy
 TEMPLATE_TEST_CASE("verify_greedy never reads rows after the first mismatch",
                    "[greedy_verification]", float, double) {
   using T = TestType;
-  // gamma = 6 but only rows 0..2 exist: x_3 is not the argmax of row 2. Reading further
-  // would run off the allocation (caught by AddressSanitizer).
-  constexpr std::size_t vocab_size = 100;
-  std::vector<T> rows(3 * vocab_size, T(0.005));
-  rows[0 * vocab_size + 10] = T(0.505);
-  rows[1 * vocab_size + 20] = T(0.505);
-  rows[2 * vocab_size + 30] = T(0.505);
+  // gamma = 6 but only rows 0..2 are readable: x_3 is not the argmax of row 2. Rows 3..6 lie
+  // in a guard page (support/guarded_memory.hpp): reading them would crash the test.
+  constexpr std::size_t vocab_size = 300;
+  specdec::testing::GuardedArray<T> rows(3 * vocab_size, 4 * vocab_size);
+  std::fill(rows.data(), rows.data() + 3 * vocab_size, T(0.5) / T(vocab_size - 1));
+  rows[0 * vocab_size + 10] = T(0.5);
+  rows[1 * vocab_size + 20] = T(0.5);
+  rows[2 * vocab_size + 290] = T(0.5);
   const specdec::RowsView<const T> target(rows.data(), 7, vocab_size);
   const std::vector<token_id> draft = {10, 20, 31, 40, 50, 60};
   const auto result = specdec::verify_greedy(draft, target);
-  CHECK(result == specdec::VerificationResult{2, 30, token_source::correction, false});
+  CHECK(result == specdec::VerificationResult{2, 290, token_source::correction, false});
+  CHECK(specdec::testing::GuardedArray<T>::enforced);
 }
 
 TEMPLATE_TEST_CASE("verify_greedy_checked rejects bad input", "[greedy_verification]", float,
