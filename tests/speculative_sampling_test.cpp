@@ -26,6 +26,7 @@
 
 #include "specdec/random.hpp"
 #include "specdec/speculative_sampling.hpp"
+#include "support/guarded_memory.hpp"
 #include "support/scripted_uniforms.hpp"
 #include "support/statistics.hpp"
 
@@ -162,14 +163,17 @@ TEMPLATE_TEST_CASE("Verification is lazy: rows after the first rejection are nev
                    "[speculative_sampling]", float, double) {
   using T = TestType;
   // gamma = 8, the third draft is impossible under p (always rejected). Only rows 0..2 are
-  // allocated; touching rows 3.. would run off the buffers (AddressSanitizer catches it).
+  // readable; rows 3.. lie in guard pages (support/guarded_memory.hpp), so touching them
+  // would crash the test in any build.
   constexpr std::size_t vocab_size = 300;
   constexpr std::size_t gamma = 8;
-  // (The row count is opaque to the optimiser, which would otherwise warn about the bonus
-  // path reading row 8 of a 3-row buffer: a path that the deterministic rejection rules out.)
-  const volatile std::size_t allocated_rows = 3;
-  std::vector<T> p(allocated_rows * vocab_size, T(1) / T(vocab_size));
-  std::vector<T> q(allocated_rows * vocab_size, T(1) / T(vocab_size));
+  constexpr std::size_t readable_rows = 3;
+  specdec::testing::GuardedArray<T> p(readable_rows * vocab_size,
+                                      (gamma + 1 - readable_rows) * vocab_size);
+  specdec::testing::GuardedArray<T> q(readable_rows * vocab_size,
+                                      (gamma - readable_rows) * vocab_size);
+  std::fill(p.data(), p.data() + readable_rows * vocab_size, T(1) / T(vocab_size));
+  std::fill(q.data(), q.data() + readable_rows * vocab_size, T(1) / T(vocab_size));
   const std::vector<token_id> draft = {4, 5, 6, 7, 8, 9, 10, 11};
   p[2 * vocab_size + 6] = T(0);
   p[2 * vocab_size + 7] += T(1) / T(vocab_size);
@@ -1311,30 +1315,47 @@ namespace {
 
 /// One-position steps (gamma = 1) for a pair in T: the first emitted token (x_1 if accepted,
 /// else the correction) must follow p, whatever q is; also for proposal-only verification.
+/// The rows are stored once as [p | q]: the target rows are (p_1, p_2) = (p, q) and the draft
+/// row q_1 = q is the second half. p_2 only feeds the bonus token, which is not the first
+/// emitted one, so any valid row does; sharing q's storage keeps a step's working set at two
+/// rows (at V = 50,000 in double, 800 kB instead of 1.2 MB: within the L2 cache).
 template <class T>
 struct PositionRunner {
   std::size_t size;
-  std::vector<T> target_rows;  // p_1 = p_2 = p
-  std::vector<T> draft_row;    // q_1 = q
-  std::vector<double> law;     // p as the code sees it, widened and normalised
-  CumulativeSampler drafts;    // x_1 ~ q likewise
+  std::vector<T> rows;       // p, then q
+  std::vector<double> law;   // p as the code sees it, widened and normalised
+  CumulativeSampler drafts;  // x_1 ~ q likewise
   std::size_t fallbacks = 0;
 
   explicit PositionRunner(const Pair& pair)
       : size(pair.p.size()),
-        target_rows(pair.p.begin(), pair.p.end()),
-        draft_row(pair.q.begin(), pair.q.end()),
-        law(normalised(std::vector<double>(target_rows.begin(), target_rows.end()))),
-        drafts(normalised(std::vector<double>(draft_row.begin(), draft_row.end()))) {
-    target_rows.insert(target_rows.end(), pair.p.begin(), pair.p.end());
+        rows(pair.p.begin(), pair.p.end()),
+        law(as_seen(pair.p)),
+        drafts(as_seen(pair.q)) {
+    rows.insert(rows.end(), pair.q.begin(), pair.q.end());
+  }
+
+  /// A row rounded to T, widened back and normalised: the law the code sees.
+  static std::vector<double> as_seen(const std::vector<double>& row) {
+    std::vector<double> seen(row.size());
+    for (std::size_t j = 0; j < row.size(); ++j) {
+      seen[j] = static_cast<double>(static_cast<T>(row[j]));
+    }
+    return normalised(seen);
+  }
+
+  /// A broken runner: x_1 is drawn from `sampled` while the ratio still uses pair.q (the
+  /// bug exactness by construction rules out: drafts from another q than the verified one).
+  PositionRunner(const Pair& pair, const std::vector<double>& sampled) : PositionRunner(pair) {
+    drafts = CumulativeSampler(as_seen(sampled));
   }
 
   template <class G>
   token_id speculative(G& g) {
     const token_id x = drafts(g);
     const auto step = specdec::verify_speculative(
-        std::span<const token_id>(&x, 1), specdec::RowsView<const T>(draft_row.data(), 1, size),
-        specdec::RowsView<const T>(target_rows.data(), 2, size), g);
+        std::span<const token_id>(&x, 1), specdec::RowsView<const T>(rows.data() + size, 1, size),
+        specdec::RowsView<const T>(rows.data(), 2, size), g);
     fallbacks += step.residual_fallback ? 1 : 0;
     return step.accepted == 1 ? x : step.token;
   }
@@ -1343,8 +1364,7 @@ struct PositionRunner {
   token_id proposals(G& g) {
     const token_id x = drafts(g);
     const auto step = specdec::verify_speculative_proposals(
-        std::span<const token_id>(&x, 1), specdec::RowsView<const T>(target_rows.data(), 2, size),
-        g);
+        std::span<const token_id>(&x, 1), specdec::RowsView<const T>(rows.data(), 2, size), g);
     return step.accepted == 1 ? x : step.token;
   }
 };
@@ -1353,7 +1373,8 @@ struct PositionRunner {
 
 // Sample sizes: samples_to_detect(0.01, buckets - 1), 270k to 440k steps per pair. Float
 // rows run the 19 pairs with V <= 1000 (every edge case) through verify_speculative and the
-// ones with V <= 16 through verify_speculative_proposals; double rows the ones with V <= 16.
+// ones with V <= 16 through verify_speculative_proposals; double rows the ones with V <= 16
+// (and V = 5000 in the large-vocabulary test below).
 TEMPLATE_TEST_CASE("Single positions: the first emitted token follows p",
                    "[speculative_sampling][statistical]", float, double) {
   using T = TestType;
@@ -1378,22 +1399,101 @@ TEMPLATE_TEST_CASE("Single positions: the first emitted token follows p",
   }
 }
 
-// Large vocabularies: every step reads a full row (the residual after a rejection, the bonus
-// token otherwise), so these two pairs get samples_to_detect(0.03, buckets - 1) steps (60k
-// to 70k). The residual sampler itself is tested at V = 50,000 with full power (TV 0.01) in
-// residual_distribution_test.
-TEST_CASE("Single positions at V = 5000 and 50,000: the first emitted token follows p",
+namespace {
+
+/// Total-variation distance between `law` and `other` after bucket_tokens(law): the distance
+/// the chi-square of token_chi_square can see.
+double bucketed_distance(const std::vector<double>& law, const std::vector<double>& other) {
+  const auto bucket = specdec::testing::bucket_tokens(law);
+  const std::size_t buckets = *std::max_element(bucket.begin(), bucket.end()) + 1;
+  std::vector<double> a(buckets, 0.0);
+  std::vector<double> b(buckets, 0.0);
+  for (std::size_t j = 0; j < law.size(); ++j) {
+    a[bucket[j]] += law[j];
+    b[bucket[j]] += other[j];
+  }
+  return specdec::testing::total_variation(a, b);
+}
+
+/// The exact law of the first emitted token when x_1 is drawn from `sampled` but verified
+/// against q: sampled(x) min(1, p(x) / q(x)) + P(reject) norm(max(0, p - q))(x).
+std::vector<double> mismatched_draft_law(const std::vector<double>& p, const std::vector<double>& q,
+                                         const std::vector<double>& sampled) {
+  std::vector<double> law(p.size());
+  std::vector<double> residual(p.size());
+  double accepted = 0.0;
+  for (std::size_t j = 0; j < p.size(); ++j) {
+    law[j] = q[j] > 0.0 ? sampled[j] * std::min(1.0, p[j] / q[j]) : sampled[j];
+    accepted += law[j];
+    residual[j] = std::max(0.0, p[j] - q[j]);
+  }
+  residual = normalised(residual);
+  for (std::size_t j = 0; j < p.size(); ++j) law[j] += (1.0 - accepted) * residual[j];
+  return law;
+}
+
+/// 0.95 q + 0.05 uniform: a slightly stale draft row.
+std::vector<double> stale_draft(const std::vector<double>& q) {
+  std::vector<double> blend(q.size());
+  for (std::size_t j = 0; j < q.size(); ++j) {
+    blend[j] = 0.95 * q[j] + 0.05 / static_cast<double>(q.size());
+  }
+  return blend;
+}
+
+}  // namespace
+
+// Large vocabularies at full power: samples_to_detect(0.01, buckets - 1) steps per pair
+// (687k for the 63 buckets of bucket_tokens), so a total-variation error of 0.01 in the
+// bucketed law of the first emitted token fails at the 1e-9 threshold. Every step reads full
+// rows (the residual after a rejection, the bonus token otherwise). Float rows run both
+// pairs; double rows the V = 5000 one (at V = 50,000 a double step streams two 400 kB rows
+// and the 687k steps would take about 7 s). Sanitizer builds divide the sizes by 4
+// (support/scripted_uniforms.hpp).
+TEMPLATE_TEST_CASE("Single positions at V = 5000 and 50,000: the first emitted token follows p",
+                   "[speculative_sampling][statistical]", float, double) {
+  using T = TestType;
+  constexpr bool is_float = std::is_same_v<T, float>;
+  specdec::xoshiro256pp g(is_float ? 6006 : 7007);
+  std::size_t large = 0;
+  for (const auto& pair : position_pairs()) {
+    if (pair.p.size() <= 1000 || (!is_float && pair.p.size() > 10000)) continue;
+    ++large;
+    PositionRunner<T> runner(pair);
+    const auto result = token_chi_square(runner.law, 0.01, [&] { return runner.speculative(g); });
+    INFO(pair.name << " (V = " << pair.p.size() << "): " << result.describe());
+    CHECK(result.buckets == 63);
+    CHECK(result.passed());
+    CHECK(runner.fallbacks == 0);
+  }
+  CHECK(large == (is_float ? 2U : 1U));
+}
+
+// The broken variant of the test above, with the same statistic and sample size: drafts drawn
+// from 0.95 q + 0.05 uniform while the ratio uses q. Its bucketed law is more than 0.02 away
+// from p in total variation (computed exactly), so even the sanitizer builds' quarter-size
+// runs reject it. At V = 5000 the tokens come from verify_speculative fed the stale drafts;
+// at V = 50,000 they are drawn from that exact law (the statistic's power is the point, and
+// 687k full-row steps would triple the test's run time).
+TEST_CASE("Single positions at V = 5000 and 50,000: drafts from a stale q fail the same test",
           "[speculative_sampling][statistical]") {
-  specdec::xoshiro256pp g(6006);
+  specdec::xoshiro256pp g(6116);
   std::size_t large = 0;
   for (const auto& pair : position_pairs()) {
     if (pair.p.size() <= 1000) continue;
     ++large;
-    PositionRunner<float> runner(pair);
-    const auto result = token_chi_square(runner.law, 0.03, [&] { return runner.speculative(g); });
-    INFO(pair.name << " (V = " << pair.p.size() << "): " << result.describe());
-    CHECK(result.passed());
-    CHECK(runner.fallbacks == 0);
+    const std::vector<double> sampled = stale_draft(pair.q);
+    const std::vector<double> broken = mismatched_draft_law(pair.p, pair.q, sampled);
+    const double distance = bucketed_distance(pair.p, broken);
+    PositionRunner<float> runner(pair, sampled);
+    const CumulativeSampler broken_law(broken);
+    const bool through_verifier = pair.p.size() <= 10000;
+    const auto result = token_chi_square(
+        runner.law, 0.01, [&] { return through_verifier ? runner.speculative(g) : broken_law(g); });
+    INFO(pair.name << (through_verifier ? " (verify_speculative)" : " (exact law)")
+                   << ": bucketed TV " << distance << ", " << result.describe());
+    REQUIRE(distance > 0.02);
+    CHECK_FALSE(result.passed());
   }
   CHECK(large == 2);
 }
