@@ -6,8 +6,10 @@
 #include <catch2/matchers/catch_matchers_exception.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <limits>
 #include <span>
@@ -150,6 +152,30 @@ struct TwoPhaseGamma {
   [[nodiscard]] bool needs_timing() const { return false; }
 };
 
+/// A logits engine over V = 4 for LogitsModel (context-dependent finite logits); call
+/// `fail_at` (0-based) puts `poison` into entry 1, or into every entry with `all`.
+template <class T>
+struct LogitsEngine {
+  std::size_t fail_at = std::numeric_limits<std::size_t>::max();
+  T poison = T(0);
+  bool all = false;
+  std::size_t calls = 0;
+  std::vector<T> out{};
+  [[nodiscard]] std::size_t vocab_size() const { return 4; }
+  std::span<const T> next_token_logits(std::span<const token_id> context) {
+    out = {T(0.5), T(-1), T(2), T(0)};
+    out[context.size() % 4] += T(0.75);
+    if (calls++ == fail_at) {
+      if (all) {
+        std::fill(out.begin(), out.end(), poison);
+      } else {
+        out[1] = poison;
+      }
+    }
+    return out;
+  }
+};
+
 }  // namespace
 
 // --- construction -------------------------------------------------------------------------
@@ -241,13 +267,25 @@ TEST_CASE("D7 SpeculativeDecoder: empty stop sequence or one with a token outsid
       errc::invalid_option, "stop_sequences[0]: token 9 is outside [0, 4)");
 }
 
-TEST_CASE("D8 SamplingOptions / Standardizer / SpeculativeDecoder: sampling option out of range",
-          "[errors][sampling][speculative_decoder]") {
+TEST_CASE(
+    "D8 SamplingOptions / Standardizer / standardize / LogitsModel / SpeculativeDecoder: "
+    "sampling option out of range",
+    "[errors][sampling][speculative_decoder]") {
   const auto check = [](specdec::SamplingOptions sampling, const char* fragment) {
     check_error(
         "D8", [&] { sampling.validate(); }, errc::invalid_option, fragment);
     check_error(
         "D8", [&] { specdec::Standardizer<float> standardizer(sampling); }, errc::invalid_option,
+        fragment);
+    const std::vector<double> row{0.25, 0.25, 0.5};
+    check_error(
+        "D8", [&] { (void)specdec::standardize(row, sampling); }, errc::invalid_option, fragment);
+    check_error(
+        "D8", [&] { (void)specdec::standardize_logits(row, sampling); }, errc::invalid_option,
+        fragment);
+    LogitsEngine<float> engine;
+    check_error(
+        "D8", [&] { specdec::LogitsModel adapter(engine, sampling); }, errc::invalid_option,
         fragment);
     ScriptedModel<float> target;
     ScriptedModel<float> draft;
@@ -499,24 +537,133 @@ TEMPLATE_TEST_CASE("D19 generate: a model that throws inside a step",
   CHECK(decoder.generate(prompt, 12, std::uint64_t{9}).tokens == reference.tokens);
 }
 
-TEST_CASE("D20 generate: a model that throws a non-std exception",
-          "[errors][speculative_decoder]") {
-  ScriptedModel<float> target;
-  ScriptedModel<float> draft;
-  draft.fail_at = 0;
-  draft.how = fault::throw_other;
-  specdec::SpeculativeDecoder decoder(target, draft, fixed(2));
-  check_error(
-      "D20", [&] { (void)decoder.generate(prompt, 8, std::uint64_t{1}); }, errc::model_failure,
-      "draft row 0 (step 0, sequence position 2): the model threw a "
-      "non-std exception");
-  try {
-    (void)decoder.generate(prompt, 8, std::uint64_t{1});
-  } catch (const specdec::decoding_error&) {
-    FAIL("the draft fails only on its first call");
+namespace {
+
+/// A proposal drafter over V = 4 (proposes last + 1, last + 2, ... mod 4) whose call
+/// `fail_at` (0-based) throws: a std::runtime_error, or an int with `non_std`.
+struct ThrowingDrafter {
+  std::size_t fail_at = std::numeric_limits<std::size_t>::max();
+  bool non_std = false;
+  std::size_t calls = 0;
+  std::size_t propose(std::span<const token_id> context, std::span<token_id> out) {
+    if (calls++ == fail_at) {
+      if (non_std) throw 7;
+      throw std::runtime_error("drafter index corrupted");
+    }
+    const token_id last = context.empty() ? 0 : context.back();
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      out[i] = static_cast<token_id>((last + 1 + static_cast<token_id>(i)) % 4);
+    }
+    return out.size();
   }
-  ScriptedDrafter drafter;  // a drafter that throws is reported the same way
-  (void)drafter;
+};
+
+/// Runs `decoder.generate` once cleanly (the reference), then again with the same seed after
+/// `arm(true)` made the draft side fail in a later step: the catalogue's promises for a
+/// model failure (row D19) must hold for the draft side too. `nested` checks the nested
+/// exception; `arm(false)` disarms it again.
+template <class Decoder, class Arm, class Nested>
+void check_draft_failure(Decoder& decoder, Arm&& arm, const std::string& fragment,
+                         Nested&& nested) {
+  const auto reference = decoder.generate(prompt, 12, std::uint64_t{9});
+  REQUIRE(reference.tokens.size() == 12);
+  decoder.reset_statistics();
+  arm(true);
+  std::size_t failed_step = 0;
+  std::vector<token_id> preserved;
+  const std::string what = check_error(
+      "D20",
+      [&] {
+        try {
+          (void)decoder.generate(prompt, 12, std::uint64_t{9});
+        } catch (const specdec::decoding_error& e) {
+          failed_step = e.step();
+          preserved.assign(e.tokens().begin(), e.tokens().end());
+          nested(e);
+          throw;
+        }
+      },
+      errc::model_failure, fragment);
+  CHECK_THAT(what, Catch::Matchers::StartsWith("specdec: model_failure: draft row "));
+  // The tokens of the completed steps are kept: a prefix of the reference.
+  CHECK(failed_step > 0);
+  REQUIRE_FALSE(preserved.empty());
+  CHECK(std::equal(preserved.begin(), preserved.end(), reference.tokens.begin()));
+  CHECK(decoder.statistics().steps == failed_step);
+  CHECK(decoder.statistics().emitted_tokens == preserved.size());
+  // The decoder stays usable: the rerun reproduces the reference.
+  arm(false);
+  CHECK(decoder.generate(prompt, 12, std::uint64_t{9}).tokens == reference.tokens);
+}
+
+}  // namespace
+
+TEST_CASE("D20 generate: a draft model or proposal drafter that throws, a non-std exception too",
+          "[errors][speculative_decoder]") {
+  constexpr std::size_t never = std::numeric_limits<std::size_t>::max();
+  SECTION("a draft model throwing an int on its first call") {
+    ScriptedModel<float> target;
+    ScriptedModel<float> draft;
+    draft.fail_at = 0;
+    draft.how = fault::throw_other;
+    specdec::SpeculativeDecoder decoder(target, draft, fixed(2));
+    check_error(
+        "D20", [&] { (void)decoder.generate(prompt, 8, std::uint64_t{1}); }, errc::model_failure,
+        "draft row 0 (step 0, sequence position 2): the model threw a non-std exception");
+    CHECK(decoder.generate(prompt, 8, std::uint64_t{1}).tokens.size() == 8);  // usable
+  }
+  SECTION("a draft model throwing a std exception in a later step") {
+    ScriptedModel<double> target;
+    ScriptedModel<double> draft;
+    specdec::SpeculativeDecoder decoder(target, draft, fixed(2));
+    check_draft_failure(
+        decoder,
+        [&](bool failing) {
+          draft.calls = 0;
+          draft.fail_at = failing ? 5 : never;  // the second row of the third step
+          draft.how = fault::throw_std;
+        },
+        "draft row 1 (step 2, sequence position ",
+        [](const specdec::decoding_error& e) {
+          CHECK_THROWS_MATCHES(std::rethrow_if_nested(e), std::runtime_error,
+                               Catch::Matchers::Message("engine out of memory"));
+        });
+  }
+  SECTION("a proposal drafter throwing a std exception in a later step") {
+    ScriptedModel<float> target;
+    ThrowingDrafter drafter;
+    specdec::SpeculativeDecoder decoder(target, drafter, fixed(3));
+    check_draft_failure(
+        decoder,
+        [&](bool failing) {
+          drafter.calls = 0;
+          drafter.fail_at = failing ? 2 : never;
+        },
+        "draft row 0 (step 2, sequence position ",
+        [](const specdec::decoding_error& e) {
+          CHECK_THAT(e.what(), Catch::Matchers::ContainsSubstring(
+                                   "the model threw: drafter index corrupted"));
+          CHECK_THROWS_MATCHES(std::rethrow_if_nested(e), std::runtime_error,
+                               Catch::Matchers::Message("drafter index corrupted"));
+        });
+  }
+  SECTION("a proposal drafter throwing a non-std exception in a later step") {
+    ScriptedModel<float> target;
+    ThrowingDrafter drafter;
+    drafter.non_std = true;
+    specdec::SpeculativeDecoder decoder(target, drafter, fixed(3));
+    check_draft_failure(
+        decoder,
+        [&](bool failing) {
+          drafter.calls = 0;
+          drafter.fail_at = failing ? 3 : never;
+        },
+        "the model threw a non-std exception",
+        [](const specdec::decoding_error& e) {
+          CHECK_THAT(e.what(), Catch::Matchers::ContainsSubstring("draft row 0 (step 3, "));
+          CHECK_THROWS_AS(std::rethrow_if_nested(e), int);
+        });
+  }
 }
 
 TEST_CASE("D21 generate: the on_token callback throws", "[errors][speculative_decoder]") {
@@ -566,6 +713,111 @@ TEST_CASE("D23 generate: a gamma policy returning 0 after the first step",
   CHECK(result.tokens.size() == 6);
   CHECK(result.statistics.drafted_tokens <= 2);  // only the first step drafted
   CHECK(result.statistics.steps == 1 + 6 - (result.statistics.accepted_tokens + 1));
+}
+
+TEMPLATE_TEST_CASE("D24 generate: NaN, +inf or all -inf logits through LogitsModel",
+                   "[errors][speculative_decoder][sampling]", float, double) {
+  // LogitsModel's softmax passes NaN on (a +inf logit becomes NaN too: inf - inf) and turns an
+  // all -inf row into zeros; row validation then names the row, never a token id.
+  // (tests/speculative_decoder_test.cpp checks the same through the sampled and greedy paths
+  // with more steps.)
+  using T = TestType;
+  constexpr T inf = std::numeric_limits<T>::infinity();
+  struct Case {
+    T poison;
+    bool all;
+    errc code;
+    const char* problem;
+  };
+  for (const Case c : {Case{std::numeric_limits<T>::quiet_NaN(), false, errc::invalid_probability,
+                            "entry for token 1 is NaN"},
+                       Case{inf, false, errc::invalid_probability, "entry for token 1 is NaN"},
+                       Case{-inf, true, errc::zero_mass, "all entries are zero"}}) {
+    for (const bool greedy : {false, true}) {
+      INFO("poison " << c.poison << (c.all ? " (whole row)" : "") << ", greedy " << greedy);
+      LogitsEngine<T> target_engine{.fail_at = 3, .poison = c.poison, .all = c.all};
+      LogitsEngine<T> draft_engine;
+      specdec::LogitsModel target(target_engine);
+      specdec::LogitsModel draft(draft_engine);
+      specdec::DecoderOptions options = fixed(2);
+      options.sampling.temperature = greedy ? 0.0 : 0.8;
+      specdec::SpeculativeDecoder decoder(target, draft, options);
+      // Three target calls a step: call 3 is the first row of step 1.
+      const std::string what = check_error(
+          "D24",
+          [&] {
+            try {
+              (void)decoder.generate(prompt, 30, std::uint64_t{4});
+            } catch (const specdec::decoding_error& e) {
+              CHECK(e.step() == 1);
+              CHECK_FALSE(e.tokens().empty());
+              for (const token_id token : e.tokens()) CHECK((token >= 0 && token < 4));
+              throw;
+            }
+          },
+          c.code, "target row 0 (step 1, sequence position ");
+      CHECK_THAT(what, Catch::Matchers::ContainsSubstring(c.problem));
+      // The decoder stays usable once the engine behaves.
+      target_engine.fail_at = std::numeric_limits<std::size_t>::max();
+      CHECK(decoder.generate(prompt, 6, std::uint64_t{4}).tokens.size() == 6);
+    }
+  }
+  // The draft side likewise; a single -inf logit is valid (a masked token, probability 0).
+  LogitsEngine<T> target_engine;
+  LogitsEngine<T> draft_engine{.fail_at = 1, .poison = std::numeric_limits<T>::quiet_NaN()};
+  specdec::LogitsModel target(target_engine);
+  specdec::LogitsModel draft(draft_engine);
+  specdec::SpeculativeDecoder decoder(target, draft, fixed(2));
+  check_error(
+      "D24", [&] { (void)decoder.generate(prompt, 30, std::uint64_t{4}); },
+      errc::invalid_probability,
+      "draft row 1 (step 0, sequence position 3): entry for token 1 is NaN");
+  LogitsEngine<T> masked_engine{.fail_at = 0, .poison = -inf};
+  specdec::LogitsModel masked(masked_engine);
+  specdec::SpeculativeDecoder masked_decoder(masked, draft, fixed(2));
+  draft_engine.fail_at = std::numeric_limits<std::size_t>::max();
+  CHECK(masked_decoder.generate(prompt, 6, std::uint64_t{4}).tokens.size() == 6);
+}
+
+TEST_CASE("D25 generate: the DecoderOptions::clock throws", "[errors][speculative_decoder]") {
+  // The clock is read only for a policy whose needs_timing() is true: three times a step
+  // (before drafting, before scoring, after verification). Its exception propagates
+  // unchanged and the failing step emits nothing.
+  struct clock_failure {};
+  struct TimedGamma {
+    [[nodiscard]] std::size_t next_gamma() const { return 2; }
+    [[nodiscard]] bool continue_drafting(double, std::size_t) const { return true; }
+    void observe(const specdec::StepFeedback&) {}
+    [[nodiscard]] bool needs_timing() const { return true; }
+  };
+  ScriptedModel<float> target;
+  ScriptedModel<float> draft;
+  std::size_t reads = 0;
+  std::size_t fail_at = std::numeric_limits<std::size_t>::max();
+  specdec::DecoderOptions options;
+  options.gamma_policy = TimedGamma{};
+  options.clock = [&reads, &fail_at] {
+    if (++reads == fail_at) throw clock_failure{};
+    return static_cast<double>(reads);
+  };
+  specdec::SpeculativeDecoder decoder(target, draft, options);
+  const auto reference = decoder.generate(prompt, 12, std::uint64_t{6});
+  REQUIRE(reference.tokens.size() == 12);
+  REQUIRE(reads >= 9);  // at least three steps
+  decoder.reset_statistics();
+  reads = 0;
+  fail_at = 9;  // the last read of the third step, after its verification
+  CHECK_THROWS_AS(decoder.generate(prompt, 12, std::uint64_t{6}), clock_failure);
+  // Two steps completed: their tokens are kept (a prefix of the reference), the third
+  // emitted nothing and is not counted.
+  const std::vector<token_id> kept(decoder.generated().begin(), decoder.generated().end());
+  CHECK(decoder.statistics().steps == 2);
+  CHECK(kept.size() == decoder.statistics().emitted_tokens);
+  REQUIRE_FALSE(kept.empty());
+  CHECK(std::equal(kept.begin(), kept.end(), reference.tokens.begin()));
+  // The decoder stays usable.
+  fail_at = std::numeric_limits<std::size_t>::max();
+  CHECK(decoder.generate(prompt, 12, std::uint64_t{6}).tokens == reference.tokens);
 }
 
 // --- gamma policies -----------------------------------------------------------------------
