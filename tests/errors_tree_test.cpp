@@ -238,6 +238,21 @@ struct OnesDrafter {
   }
 };
 
+// The same with several continuations (1 1 1 ..., 2 2 2 ...): a MultiProposalDrafter.
+struct OnesAndTwosDrafter : OnesDrafter {
+  std::size_t propose_many(std::span<const token_id>, std::span<token_id> out,
+                           std::span<std::size_t> lengths) {
+    if (lengths.empty() || out.size() < lengths.size()) return 0;
+    const std::size_t length = out.size() / lengths.size();
+    const std::size_t count = lengths.size() < 2 ? lengths.size() : 2;
+    for (std::size_t b = 0; b < count; ++b) {
+      for (std::size_t k = 0; k < length; ++k) out[b * length + k] = static_cast<token_id>(1 + b);
+      lengths[b] = length;
+    }
+    return count;
+  }
+};
+
 // A LanguageModel over V = 4 whose `fail_at`-th call (0-based) misbehaves: throws a
 // std::runtime_error, throws a specdec::error of its own, or returns a row summing to 1.5.
 struct FailingRowModel {
@@ -270,10 +285,20 @@ TEST_CASE("T8 SpeculativeDecoder with tree_shape: options a tree cannot use",
   check_error(
       "T8", [&] { specdec::SpeculativeDecoder decoder(target, drafter, options); },
       errc::invalid_option,
-      "decoder option tree_shape (4 draft nodes) needs a LanguageModel draft");
+      "decoder option tree_shape (4 draft nodes) needs a LanguageModel draft or a "
+      "MultiProposalDrafter (propose_many); a drafter with propose() alone uses the chain path");
+  // A MultiProposalDrafter drafts proposal trees within the shape.
+  OnesAndTwosDrafter multi;
+  specdec::SpeculativeDecoder proposal_trees(target, multi, options);
+  const auto generated = proposal_trees.generate(std::vector<token_id>{0}, 6, 1);
+  CHECK(generated.tokens.size() == 6);
+  CHECK(generated.statistics.nodes_scored == 4 * generated.statistics.steps);
   options.lenience = 0.5;
   check_error(
       "T8", [&] { specdec::SpeculativeDecoder decoder(target, draft, options); },
+      errc::invalid_option, "decoder option tree_shape (4 draft nodes) needs lenience = 1");
+  check_error(
+      "T8", [&] { specdec::SpeculativeDecoder decoder(target, multi, options); },
       errc::invalid_option, "decoder option tree_shape (4 draft nodes) needs lenience = 1");
   options.lenience = 1.0;
   options.tree_sampling = specdec::expansion::one_hot;

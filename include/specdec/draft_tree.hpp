@@ -25,9 +25,14 @@
 //
 // Node order: parents come before children (parent(i) < i), so a model can score the nodes
 // in index order with a tree-attention mask (see TokenTreeView).
+//
+// Proposal trees: a MultiProposalDrafter (n-gram tables, prompt lookup) offers several
+// continuations of the context at once; build_proposal_tree inserts them as one_hot paths
+// (a trie: equal prefixes share nodes), likeliest first, within a node budget.
 #pragma once
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
@@ -541,11 +546,13 @@ struct IdentityRows {
 /// Reusable buffers of the builders (no allocation once warm).
 template <ProbabilityScalar T>
 struct DraftTreeWorkspace {
-  std::vector<token_id> sequence;     ///< context + path of the node being expanded
-  std::vector<std::size_t> pending;   ///< tree nodes still to expand (a DFS stack)
-  std::vector<std::size_t> shape_of;  ///< shape node of every tree node
-  std::vector<T> remaining;           ///< without replacement: q minus drawn children
-  std::vector<token_id> best;         ///< top-k candidates
+  std::vector<token_id> sequence;             ///< context + path of the node being expanded
+  std::vector<std::size_t> pending;           ///< tree nodes still to expand (a DFS stack)
+  std::vector<std::size_t> shape_of;          ///< shape node of every tree node
+  std::vector<T> remaining;                   ///< without replacement: q minus drawn children
+  std::vector<token_id> best;                 ///< top-k candidates
+  std::vector<token_id> proposals;            ///< proposal trees: B continuations of L tokens
+  std::vector<std::size_t> proposal_lengths;  ///< proposal trees: length of each continuation
 };
 
 namespace detail {
@@ -680,6 +687,115 @@ std::size_t build_top_k_tree(Draft& draft, std::span<const token_id> context,
         }
         for (const token_id token : best) tree.add_child(node, token);
       });
+}
+
+// ---------------------------------------------------------------------------------------
+// Proposal trees
+// ---------------------------------------------------------------------------------------
+
+/// How large build_proposal_tree lets a proposal tree grow.
+struct ProposalTreeLimits {
+  /// B: continuations asked for (a plain ProposalDrafter offers one).
+  std::size_t max_branches = 4;
+  /// L: tokens per continuation, i.e. the tree's depth.
+  std::size_t max_depth = 4;
+  /// Draft nodes (root excluded). Continuations are inserted in order and the one that
+  /// reaches the budget is cut there; later ones are dropped.
+  std::size_t max_nodes = 16;
+
+  /// The limits a TreeShape stands for: one continuation per root-to-leaf path of the
+  /// shape, its depth and its draft node count (a chain of gamma: one continuation of
+  /// gamma tokens, as the chain path drafts).
+  [[nodiscard]] static ProposalTreeLimits from_shape(const TreeShape& shape) noexcept {
+    std::size_t leaves = 0;
+    for (std::size_t node = 0; node < shape.size(); ++node) {
+      leaves += shape.child_count(node) == 0 ? 1U : 0U;
+    }
+    return {leaves, shape.max_depth(), shape.draft_size()};
+  }
+};
+
+/// Drafts a proposal tree: asks `drafter` once for up to limits.max_branches continuations
+/// of `context` of up to limits.max_depth tokens (`propose_many`; a plain ProposalDrafter's
+/// `propose` gives one) and inserts them into `tree` as one_hot paths in the order given
+/// (insert_path: equal prefixes share nodes, so duplicates cost nothing), stopping when
+/// limits.max_nodes draft nodes are used. The tree is cleared first and keeps its
+/// vocabulary size (reset it to the target's). Verification of a one_hot tree is exact
+/// whatever the drafter proposes. Allocates only when B L grows beyond every earlier call
+/// with this workspace (and the tree beyond its largest size).
+/// Returns the number of continuations the drafter offered (0: the tree is the root alone;
+/// the drafter is not called when a limit is 0).
+/// Throws specdec::error: errc::invalid_option for max_nodes >= max_tree_nodes or
+/// max_branches / max_depth above max_tree_nodes; errc::invalid_size when the drafter
+/// returns more continuations or longer ones than asked for; errc::invalid_token for a
+/// proposed token outside [0, tree.vocab_size()). `step` labels the messages.
+template <ProbabilityScalar T, ProposalDrafter Drafter>
+std::size_t build_proposal_tree(Drafter& drafter, std::span<const token_id> context,
+                                const ProposalTreeLimits& limits, DraftTree<T>& tree,
+                                DraftTreeWorkspace<T>& workspace,
+                                std::size_t step = RowLocation::npos) {
+  if (limits.max_nodes >= max_tree_nodes || limits.max_branches > max_tree_nodes ||
+      limits.max_depth > max_tree_nodes) {
+    detail::throw_error(errc::invalid_option, "build_proposal_tree: limits of ",
+                        limits.max_branches, " branches, depth ", limits.max_depth, " and ",
+                        limits.max_nodes, " nodes exceed the tree limit of ", max_tree_nodes - 1,
+                        " draft nodes");
+  }
+  tree.clear();
+  const std::size_t branches = MultiProposalDrafter<Drafter>
+                                   ? limits.max_branches
+                                   : std::min<std::size_t>(1, limits.max_branches);
+  const std::size_t length = limits.max_depth;
+  if (branches == 0 || length == 0 || limits.max_nodes == 0) return 0;
+  workspace.proposals.resize(branches * length);
+  workspace.proposal_lengths.assign(branches, 0);
+  const std::span<token_id> out(workspace.proposals.data(), branches * length);
+  const std::span<std::size_t> lengths(workspace.proposal_lengths.data(), branches);
+  std::size_t count = 0;
+  if constexpr (MultiProposalDrafter<Drafter>) {
+    count = static_cast<std::size_t>(drafter.propose_many(context, out, lengths));
+    if (count > branches) {
+      detail::throw_error(errc::invalid_size,
+                          detail::describe_location(RowLocation{"draft", step}, "proposals"),
+                          ": propose_many returned ", count, " continuations, at most ", branches,
+                          " were asked for");
+    }
+  } else {
+    lengths[0] = static_cast<std::size_t>(drafter.propose(context, out));
+    count = lengths[0] > 0 ? 1 : 0;
+  }
+  const std::size_t vocab_size = tree.vocab_size();
+  for (std::size_t b = 0; b < count; ++b) {
+    const RowLocation where{"draft", step, b};
+    if (lengths[b] > length) {
+      detail::throw_error(errc::invalid_size, detail::describe_location(where, "continuation"),
+                          ": has ", lengths[b], " tokens, more than the ", length, " asked for");
+    }
+    for (std::size_t k = 0; k < lengths[b]; ++k) {
+      const token_id token = out[b * length + k];
+      if (token < 0 || static_cast<std::size_t>(token) >= vocab_size) {
+        detail::throw_error(errc::invalid_token, detail::describe_location(where, "continuation"),
+                            ": token ", k, " is ", token, ", outside [0, ", vocab_size, ")");
+      }
+    }
+  }
+  std::size_t budget = limits.max_nodes;
+  for (std::size_t b = 0; b < count && budget > 0; ++b) {
+    const std::span<const token_id> path(out.data() + b * length, lengths[b]);
+    std::size_t node = DraftTree<T>::root;
+    std::size_t shared = 0;
+    for (; shared < path.size(); ++shared) {
+      const std::size_t child = tree.find_child(node, path[shared]);
+      if (child == DraftTree<T>::npos) break;
+      node = child;
+    }
+    const std::size_t fits = std::min(path.size(), shared + budget);
+    if (fits > shared) {
+      (void)tree.insert_path(path.first(fits));
+      budget -= fits - shared;
+    }
+  }
+  return count;
 }
 
 }  // namespace specdec

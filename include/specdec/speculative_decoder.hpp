@@ -32,12 +32,15 @@
 // Stateful (KV-cache) models receive the whole context on every call; CachedContext
 // (cached_context.hpp) turns it into truncate/append calls.
 //
-// Token trees (DecoderOptions::tree_shape with draft nodes, LanguageModel drafts, lenience
-// 1): steps 1-4 are replaced by one tree_step (tree_verification.hpp): a tree of that shape
-// is drafted from the standardized q rows (top-k for greedy), scored by the target (one
-// score_tree call for a TreeScoringModel) and verified exactly; the emitted path and t then
-// go through step 5 unchanged. The gamma policy is not consulted. TreeShape::chain(gamma)
-// gives the same output law as the chain path with FixedGamma{gamma}.
+// Token trees (DecoderOptions::tree_shape with draft nodes, lenience 1, a LanguageModel
+// draft or a MultiProposalDrafter): steps 1-4 are replaced by one tree_step
+// (tree_verification.hpp): a tree of that shape is drafted from the standardized q rows
+// (top-k for greedy), or a proposal tree of the drafter's continuations within the shape's
+// limits (ProposalTreeLimits::from_shape: one continuation per root-to-leaf path, its
+// depth, its node count) is built, scored by the target (one score_tree call for a
+// TreeScoringModel) and verified exactly; the emitted path and t then go through step 5
+// unchanged. The gamma policy is not consulted. TreeShape::chain(gamma) gives the same
+// output law as the chain path with FixedGamma{gamma}.
 #pragma once
 
 #include <algorithm>
@@ -142,8 +145,10 @@ struct DecoderOptions {
   std::function<void(const EmittedToken&)> on_token{};
   /// Draft token tree of every step. The root alone (the default) selects the chain path
   /// with gamma_policy; a shape with draft nodes selects tree steps (tree_step), which need
-  /// a LanguageModel draft and lenience 1 (else errc::invalid_option). gamma_policy is then
-  /// not used. Greedy decoding drafts top-k trees of this shape.
+  /// lenience 1 and a LanguageModel draft (trees of this shape; top-k trees for greedy
+  /// decoding) or a MultiProposalDrafter (proposal trees of one continuation per
+  /// root-to-leaf path of the shape, within its depth and node count); else
+  /// errc::invalid_option. gamma_policy is then not used.
   TreeShape tree_shape{};
   /// How tree children are drawn at T > 0: without_replacement or with_replacement.
   expansion tree_sampling = expansion::without_replacement;
@@ -165,7 +170,7 @@ struct StepResult {
   /// path with score_draft, else one per node (root included).
   std::size_t target_calls = 0;
   std::size_t draft_calls = 0;     ///< drafted for LanguageModel drafts, 1 for proposal drafters;
-                                   ///< tree: expanded nodes
+                                   ///< tree: expanded nodes (proposal trees: 1)
   double beta_sum = 0.0;           ///< sum of beta over this step's verified positions
   std::size_t beta_positions = 0;  ///< verified positions with a beta (see statistics)
 };
@@ -305,6 +310,35 @@ class GuardedModel {
   std::string_view name_;
 };
 
+/// GuardedModel for a proposal-only drafter (the "draft" model): forwards propose and
+/// propose_many.
+template <class D>
+class GuardedProposalDrafter {
+ public:
+  explicit GuardedProposalDrafter(D& drafter) noexcept : drafter_(&drafter) {}
+
+  std::size_t propose(std::span<const token_id> context, std::span<token_id> out) {
+    return guard([&] { return static_cast<std::size_t>(drafter_->propose(context, out)); });
+  }
+  std::size_t propose_many(std::span<const token_id> context, std::span<token_id> out,
+                           std::span<std::size_t> lengths) requires HasProposeMany<D> {
+    return guard(
+        [&] { return static_cast<std::size_t>(drafter_->propose_many(context, out, lengths)); });
+  }
+
+ private:
+  template <class Call>
+  std::size_t guard(Call&& call) {
+    try {
+      return std::forward<Call>(call)();
+    } catch (...) {
+      throw guarded_model_failure{"draft", std::current_exception()};
+    }
+  }
+
+  D* drafter_;
+};
+
 }  // namespace detail
 
 template <LanguageModel TargetModel, Drafter DraftModel>
@@ -364,6 +398,8 @@ class SpeculativeDecoder {
   using value_type = probability_scalar_t<target_row_type>;
   /// Whether the draft is used as a LanguageModel (else as a ProposalDrafter).
   static constexpr bool draft_is_model = drafts_from_rows<DraftModel>;
+  /// Whether the draft is used as a MultiProposalDrafter, which can draft proposal trees.
+  static constexpr bool draft_proposes_trees = !draft_is_model && MultiProposalDrafter<DraftModel>;
   /// Whether the target scores all prefixes in one call.
   static constexpr bool target_is_batched = BatchedLanguageModel<TargetModel>;
   /// "No token limit" for step().
@@ -504,11 +540,12 @@ class SpeculativeDecoder {
                           " needs temperature > 0 (greedy decoding verifies by exact match)");
     }
     if (options_.tree_shape.draft_size() > 0) {
-      if (!draft_is_model) {
+      if (!draft_is_model && !draft_proposes_trees) {
         detail::throw_error(errc::invalid_option, "decoder option tree_shape (",
                             options_.tree_shape.draft_size(),
-                            " draft nodes) needs a LanguageModel draft; proposal drafters use "
-                            "the chain path (leave tree_shape at the root alone)");
+                            " draft nodes) needs a LanguageModel draft or a MultiProposalDrafter "
+                            "(propose_many); a drafter with propose() alone uses the chain path "
+                            "(leave tree_shape at the root alone)");
       }
       if (options_.lenience != 1.0) {
         detail::throw_error(errc::invalid_option, "decoder option tree_shape (",
@@ -560,7 +597,7 @@ class SpeculativeDecoder {
   // Which row copies a step needs: draft rows always for LanguageModel drafts at T > 0;
   // target rows unless the target is batched and its rows can be used in place.
   [[nodiscard]] bool tree_mode() const noexcept {
-    return draft_is_model && options_.tree_shape.draft_size() > 0;
+    return (draft_is_model || draft_proposes_trees) && options_.tree_shape.draft_size() > 0;
   }
   [[nodiscard]] bool needs_draft_rows() const noexcept {
     return draft_is_model && !options_.sampling.greedy();
@@ -758,17 +795,17 @@ class SpeculativeDecoder {
               target, draft, context, tree_options_, g, tree_workspace_, step_index_,
               [this](auto raw, std::span<value_type> out) { standardizer_.apply(raw, out); });
         });
-        result.drafted = tree_result.nodes_scored;
-        result.nodes_scored = tree_result.nodes_scored;
-        result.accepted = tree_result.accepted();
-        result.residual_fallback = tree_result.verification.residual_fallback;
-        result.target_calls = tree_result.target_calls;
-        result.draft_calls = tree_result.draft_calls;
-        for (std::size_t k = 0; k < result.accepted; ++k) {
-          sequence_.push_back(tree_result.tokens[k]);
-        }
-        step_tokens_[result.accepted] = tree_result.tokens[result.accepted];
-        step_sources_[result.accepted] = tree_result.source(result.accepted);
+        record_tree_step(tree_result, result);
+      } else if constexpr (draft_proposes_trees) {
+        const std::span<const token_id> context(sequence_.data(), base_length_);
+        detail::GuardedModel<TargetModel> target(*target_, "target");
+        detail::GuardedProposalDrafter<DraftModel> draft(*draft_);
+        const TreeStepResult tree_result = call_tree([&] {
+          return tree_step(
+              target, draft, context, tree_options_, g, tree_workspace_, step_index_,
+              [this](auto raw, std::span<value_type> out) { standardizer_.apply(raw, out); });
+        });
+        record_tree_step(tree_result, result);
       }
       emit(result, max_tokens, stop_floor);
       statistics_.record(result);
@@ -777,6 +814,19 @@ class SpeculativeDecoder {
       throw;
     }
     return result;
+  }
+
+  // Leaves a tree step's accepted path in sequence_ and t in step_tokens_[n].
+  void record_tree_step(const TreeStepResult& tree_result, StepResult& result) {
+    result.drafted = tree_result.nodes_scored;
+    result.nodes_scored = tree_result.nodes_scored;
+    result.accepted = tree_result.accepted();
+    result.residual_fallback = tree_result.verification.residual_fallback;
+    result.target_calls = tree_result.target_calls;
+    result.draft_calls = tree_result.draft_calls;
+    for (std::size_t k = 0; k < result.accepted; ++k) sequence_.push_back(tree_result.tokens[k]);
+    step_tokens_[result.accepted] = tree_result.tokens[result.accepted];
+    step_sources_[result.accepted] = tree_result.source(result.accepted);
   }
 
   template <class Call>

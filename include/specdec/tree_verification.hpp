@@ -25,6 +25,9 @@
 // decoding for any tree.
 //
 // Random numbers: one uniform01<double> per candidate tried and one per emitted draw.
+//
+// Drafts: tree_step drafts sampled or top-k trees from a draft LanguageModel, or proposal
+// trees (one_hot continuations, build_proposal_tree) from a proposal-only drafter.
 #pragma once
 
 #include <algorithm>
@@ -464,6 +467,11 @@ struct TreeStepResult {
 
 namespace detail {
 
+/// A proposal-only drafter that is not also a LanguageModel (such a type drafts from its
+/// q rows).
+template <class D>
+concept proposal_only_drafter = ProposalDrafter<D> && !LanguageModel<D>;
+
 template <class Draft>
 void check_draft_vocabulary(const Draft& draft, std::size_t vocab_size) {
   const auto draft_vocab = static_cast<std::size_t>(draft.vocab_size());
@@ -565,6 +573,34 @@ TreeStepResult tree_step(Target& target, Draft& draft, std::span<const token_id>
   return result;
 }
 
+/// One tree decoding step with a proposal-only drafter (n-gram tables, prompt lookup): a
+/// proposal tree of ProposalTreeLimits::from_shape(options.shape) (one continuation per
+/// root-to-leaf path of the shape, its depth, its node count; build_proposal_tree, several
+/// continuations from a MultiProposalDrafter, one from a plain ProposalDrafter) is drafted
+/// from the accepted `context`, scored with `target` (one call for a TreeScoringModel) and
+/// verified exactly (one_hot candidates: accept c with probability r(c), then drop c from
+/// r) or, with options.greedy, by argmax. `transform` applies to the target rows only (the
+/// candidates carry no q rows) and not with options.greedy; options.sampling and
+/// options.merge_repeats are not used. draft_calls is 1 (0 for a shape without draft
+/// nodes). A type that is also a LanguageModel takes the overload above. Throws
+/// specdec::error as build_proposal_tree (bad continuations) and tree_step (bad target
+/// rows, vocabulary size) do.
+template <ProbabilityScalar T, LanguageModel Target, detail::proposal_only_drafter Draft,
+          std::uniform_random_bit_generator G, class RowTransform = IdentityRows>
+TreeStepResult tree_step(Target& target, Draft& drafter, std::span<const token_id> context,
+                         const TreeOptions& options, G& g, TreeStepWorkspace<T>& workspace,
+                         std::size_t step = RowLocation::npos, RowTransform&& transform = {}) {
+  workspace.tree.reset(static_cast<std::size_t>(target.vocab_size()));
+  const ProposalTreeLimits limits = ProposalTreeLimits::from_shape(options.shape);
+  (void)build_proposal_tree(drafter, context, limits, workspace.tree, workspace.drafting, step);
+  // One_hot candidates have no stored rows to check.
+  TreeStepResult result =
+      detail::score_and_verify(target, context, workspace.tree, options.greedy, options.validate,
+                               false, g, workspace, step, transform);
+  result.draft_calls = limits.max_depth > 0 ? 1 : 0;
+  return result;
+}
+
 /// Running totals over tree steps; what SpeculativeDecoder reports for trees.
 struct TreeStatistics {
   std::size_t steps = 0;
@@ -623,10 +659,12 @@ struct TreeGeneration {
 };
 
 /// Generates up to max_new_tokens after `prompt` with tree steps (tree_step), stopping
-/// after a stop token. Tokens of a step beyond the limit or after a stop token are dropped
-/// (a prefix of an exact sample is exact). Rows are used in scalar type T (default: the
-/// target's). Throws specdec::error as tree_step does.
-template <ProbabilityScalar T, LanguageModel Target, LanguageModel Draft,
+/// after a stop token. `draft` is a draft LanguageModel (sampled or top-k trees) or a
+/// proposal-only drafter (proposal trees; MultiProposalDrafter for several branches).
+/// Tokens of a step beyond the limit or after a stop token are dropped (a prefix of an
+/// exact sample is exact). Rows are used in scalar type T (default: the target's). Throws
+/// specdec::error as tree_step does.
+template <ProbabilityScalar T, LanguageModel Target, Drafter Draft,
           std::uniform_random_bit_generator G>
 TreeGeneration generate_with_tree(Target& target, Draft& draft, std::span<const token_id> prompt,
                                   const TreeGenerationOptions& options, G& g) {
@@ -657,7 +695,7 @@ TreeGeneration generate_with_tree(Target& target, Draft& draft, std::span<const 
 }
 
 /// generate_with_tree with rows in the target's scalar type.
-template <LanguageModel Target, LanguageModel Draft, std::uniform_random_bit_generator G>
+template <LanguageModel Target, Drafter Draft, std::uniform_random_bit_generator G>
 TreeGeneration generate_with_tree(Target& target, Draft& draft, std::span<const token_id> prompt,
                                   const TreeGenerationOptions& options, G& g) {
   return generate_with_tree<detail::model_row_scalar_t<Target>>(target, draft, prompt, options, g);
