@@ -1,7 +1,8 @@
 // libFuzzer harness: SpeculativeDecoder with models whose outputs come from the fuzzer.
 //
 // The input chooses V (0 included, and target/draft vocabularies that disagree), the scalar
-// type, the draft kind (LanguageModel or proposal drafter), a per-prefix, batched
+// type, the draft kind (LanguageModel, proposal drafter, or one with propose_many for
+// proposal trees), a per-prefix, batched
 // (score_draft) or tree-scoring (score_tree, with faulty block shapes too) target,
 // the options (sampling, gamma policy including one that changes gamma every step, stop
 // tokens up to "every token", stop sequences, lenience, validate_rows, token-tree shapes),
@@ -312,10 +313,65 @@ class FuzzDrafter {
     return count;
   }
 
- private:
+ protected:
   FaultLog* log_;
   std::size_t vocab_;
   bool pure_;
+};
+
+/// FuzzDrafter plus propose_many (proposal trees): several continuations, and as faults a
+/// throwing call, more continuations or longer ones than asked for, ids out of range.
+class FuzzMultiDrafter : public FuzzDrafter {
+ public:
+  using FuzzDrafter::FuzzDrafter;
+
+  std::size_t propose_many(std::span<const token_id> context, std::span<token_id> out,
+                           std::span<std::size_t> lengths) {
+    const std::size_t branches = lengths.size();
+    if (branches == 0 || out.size() < branches) return 0;
+    const std::size_t length = out.size() / branches;
+    FaultLog& log = *log_;
+    const bool faulty = log.faults_enabled && !pure_ && log.in->remaining_bytes() > 0;
+    if (!faulty) {  // deterministic, always valid: up to three continuations of full length
+      const std::size_t last =
+          context.empty() ? 0 : static_cast<std::size_t>(std::max(context.back(), 0));
+      const std::size_t count = std::min<std::size_t>(branches, 1 + last % 3);
+      for (std::size_t b = 0; b < count; ++b) {
+        for (std::size_t i = 0; i < length; ++i) {
+          out[b * length + i] = static_cast<token_id>((last * 7 + b * 3 + i + 1) % vocab_);
+        }
+        lengths[b] = length;
+      }
+      return count;
+    }
+    FuzzedDataProvider& in = *log.in;
+    const auto action = in.ConsumeIntegral<std::uint8_t>();
+    if (action >= 250) {
+      log.must.push_back(errc::model_failure);
+      throw FuzzModelFailure();
+    }
+    const std::size_t count = in.ConsumeIntegralInRange<std::size_t>(0, branches);
+    for (std::size_t b = 0; b < count; ++b) {
+      lengths[b] = in.ConsumeIntegralInRange<std::size_t>(0, length);
+      for (std::size_t i = 0; i < lengths[b]; ++i) {
+        out[b * length + i] =
+            static_cast<token_id>(in.ConsumeIntegralInRange<std::size_t>(0, vocab_ - 1));
+      }
+    }
+    if (action >= 240 && count > 0) {  // an id out of range: every continuation is checked
+      const std::size_t b = in.ConsumeIntegralInRange<std::size_t>(0, count - 1);
+      if (lengths[b] == 0) lengths[b] = 1;
+      out[b * length + in.ConsumeIntegralInRange<std::size_t>(0, lengths[b] - 1)] =
+          action % 2 == 0 ? -1 - static_cast<token_id>(action) : static_cast<token_id>(vocab_);
+      log.must.push_back(errc::invalid_token);
+    }
+    if (action >= 232 && action < 240) {  // more continuations, or a longer one, than asked
+      log.must.push_back(errc::invalid_size);
+      if (action % 2 == 0 || count == 0) return branches + 1 + action % 3;
+      lengths[in.ConsumeIntegralInRange<std::size_t>(0, count - 1)] = length + 1 + action % 3;
+    }
+    return count;
+  }
 };
 
 /// A gamma policy that changes gamma every step (0 and max_gamma included after the first).
@@ -548,7 +604,7 @@ void run_with(FuzzedDataProvider& in, FaultLog& log, Target& target, Draft& draf
     streamed.push_back(emitted.token);
   };
   log.content_faults = setup.options.validate_rows;
-  if constexpr (!specdec::LanguageModel<Draft>) {
+  if constexpr (!specdec::LanguageModel<Draft> && !specdec::MultiProposalDrafter<Draft>) {
     if (setup.tree) setup.construction_problems.push_back(errc::invalid_option);
   }
   log.strict =
@@ -580,6 +636,7 @@ void run(FuzzedDataProvider& in) {
   const std::size_t row_vocab = std::max<std::size_t>(target_vocab, 1);
   const int kind = in.ConsumeIntegralInRange<int>(0, 5);
   FuzzDrafter drafter(log, row_vocab, pure);
+  FuzzMultiDrafter multi_drafter(log, row_vocab, pure);
   if (kind == 0) {
     FuzzModel<T> target(log, target_seed, pure, row_vocab, target_vocab);
     FuzzModel<T> draft(log, draft_seed, pure, row_vocab, draft_vocab);
@@ -593,14 +650,14 @@ void run(FuzzedDataProvider& in) {
     run_with<T>(in, log, target, drafter, target_vocab, draft_vocab, pure);
   } else if (kind == 3) {
     FuzzBatchedModel<T> target(log, target_seed, pure, row_vocab, target_vocab);
-    run_with<T>(in, log, target, drafter, target_vocab, draft_vocab, pure);
+    run_with<T>(in, log, target, multi_drafter, target_vocab, draft_vocab, pure);
   } else if (kind == 4) {
     FuzzTreeModel<T> target(log, target_seed, pure, row_vocab, target_vocab);
     FuzzModel<T> draft(log, draft_seed, pure, row_vocab, draft_vocab);
     run_with<T>(in, log, target, draft, target_vocab, draft_vocab, pure);
   } else {
     FuzzTreeModel<T> target(log, target_seed, pure, row_vocab, target_vocab);
-    run_with<T>(in, log, target, drafter, target_vocab, draft_vocab, pure);
+    run_with<T>(in, log, target, multi_drafter, target_vocab, draft_vocab, pure);
   }
 }
 
