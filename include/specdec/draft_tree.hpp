@@ -584,8 +584,9 @@ std::size_t expand_by_shape(Draft& draft, std::span<const token_id> context, con
     if (options.validate_rows) {
       validate_probability_row(q, tree.vocab_size(), RowLocation{"draft", options.step, node});
     } else if (q.size() != tree.vocab_size()) {
-      throw_error(errc::invalid_size, "draft row ", node, " has ", q.size(),
-                  " entries, expected the vocabulary size ", tree.vocab_size());
+      throw_error(errc::invalid_size,
+                  describe_location(RowLocation{"draft", options.step, node}, "row"), ": has ",
+                  q.size(), " entries, expected the vocabulary size ", tree.vocab_size());
     }
     const std::size_t first_new = tree.size();
     draw_children(node, q, wanted);
