@@ -9,7 +9,7 @@
 #
 # Environment:
 #   SPECDEC_PLOTS_MEASURE=0         skip the measured points (no benchmark run)
-#   SPECDEC_PLOTS_MIN_TIME=0.3      seconds per bm_speedup case (36 cases); longer runs
+#   SPECDEC_PLOTS_MIN_TIME=1        seconds per bm_speedup case (36 cases); longer runs
 #                                   give points closer to the curves
 #   SPECDEC_SPEEDUP_CSV=path        use this bm_speedup table instead of measuring
 set -euo pipefail
@@ -53,7 +53,7 @@ if ! {
 fi
 if [ "$benchmarks" = ON ]; then
   measured_csv=$out/bm_speedup.csv
-  min_time=${SPECDEC_PLOTS_MIN_TIME:-0.3}
+  min_time=${SPECDEC_PLOTS_MIN_TIME:-1}
   specdec_log "measuring speedups (36 cases, ${min_time}s each; SPECDEC_PLOTS_MEASURE=0 skips)"
   rm -f "$measured_csv"
   SPECDEC_SPEEDUP_CSV="$measured_csv" "$build/benchmarks/bm_speedup" \
