@@ -30,7 +30,6 @@
 #include <string>
 #include <vector>
 
-#include "../tests/support/statistics.hpp"  // chi-square survival function, TV distance
 #include "demo/instruments.hpp"
 #include "demo/kneser_ney.hpp"
 #include "demo/options.hpp"
@@ -43,6 +42,7 @@
 #include "specdec/residual_distribution.hpp"
 #include "specdec/sampling.hpp"
 #include "specdec/speculative_decoder.hpp"
+#include "specdec/statistics.hpp"
 
 namespace {
 
@@ -701,14 +701,14 @@ int run_demo(Setup& setup, Draft& draft, Report& report) {
     const auto speculative_frequency = frequencies(speculative);
     const auto plain_frequency = frequencies(plain);
     const auto plain_again_frequency = frequencies(plain_again);
-    const auto chi_square = specdec::testing::chi_square_test(speculative, exact);
+    const auto chi_square = specdec::stats::chi_square_test(speculative, exact);
     report.heading(format("Exactness spot check: the first generated token over %zu runs (%s)",
                           runs, modes[0].name.c_str()));
     std::vector<std::string> check = {
         format("  TV distance, speculative vs plain sampling:       %.4f",
-               specdec::testing::total_variation(speculative_frequency, plain_frequency)),
+               specdec::stats::total_variation(speculative_frequency, plain_frequency)),
         format("  TV distance, plain vs plain (sampling noise):     %.4f",
-               specdec::testing::total_variation(plain_frequency, plain_again_frequency)),
+               specdec::stats::total_variation(plain_frequency, plain_again_frequency)),
         format("  chi-square, speculative vs the exact target row:  chi2 = %.1f, df = %zu, "
                "p-value = %.3f",
                chi_square.statistic, chi_square.degrees_of_freedom, chi_square.p_value),

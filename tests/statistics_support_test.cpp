@@ -1,13 +1,19 @@
-// Tests for tests/support/statistics.hpp: the statistic every distribution test relies on.
+// Tests for include/specdec/statistics.hpp (through tests/support/statistics.hpp): the
+// statistic every distribution test relies on, and its catalogue rows S1-S4.
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <numeric>
+#include <span>
 #include <vector>
 
 #include <catch2/catch_approx.hpp>
 #include <catch2/catch_test_macros.hpp>
 
+#include "errors_catalogue.hpp"
+#include "specdec/error.hpp"
+#include "specdec/statistics.hpp"
 #include "support/statistics.hpp"
 
 using specdec::testing::chi_square_critical_value;
@@ -78,5 +84,80 @@ TEST_CASE("bucket_tokens: top tokens alone, the tail in groups of about equal ma
   for (std::size_t b = 31; b < 63; ++b) {
     CHECK(mass[b] > 0.0);
     CHECK(mass[b] < 3.0 * tail / 32.0);  // no group holds much more than its share
+  }
+}
+
+// --- Catalogue rows S1-S4 (docs/errors.md): bad input to include/specdec/statistics.hpp ---
+
+TEST_CASE("S1 chi_square_test, total_variation: lengths differ or are empty",
+          "[errors][statistics]") {
+  using specdec::errc;
+  using specdec::testing::check_error;
+  const std::vector<std::uint64_t> counts{3, 4, 5};
+  const std::vector<double> law{0.5, 0.5};
+  check_error(
+      "S1", [&] { (void)specdec::stats::chi_square_test(counts, law); }, errc::invalid_size,
+      "chi_square_test: 3 observed counts and 2 expected probabilities");
+  check_error(
+      "S1",
+      [] {
+        (void)specdec::stats::chi_square_test(std::span<const std::uint64_t>(),
+                                              std::span<const double>());
+      },
+      errc::invalid_size, "chi_square_test: 0 observed counts");
+  const std::vector<double> three{0.2, 0.3, 0.5};
+  check_error(
+      "S1", [&] { (void)specdec::stats::total_variation(law, three); }, errc::invalid_size,
+      "total_variation: lengths 2 and 3 differ");
+}
+
+TEST_CASE("S2 chi_square_test: an expected probability negative, NaN or infinite",
+          "[errors][statistics]") {
+  using specdec::errc;
+  using specdec::testing::check_error;
+  const std::vector<std::uint64_t> counts{3, 4, 5};
+  for (const double bad : {-0.25, std::nan(""), std::numeric_limits<double>::infinity()}) {
+    const std::vector<double> law{0.5, 0.5 - bad, bad};
+    check_error(
+        "S2", [&] { (void)specdec::stats::chi_square_test(counts, law); },
+        errc::invalid_probability, "chi_square_test: expected probability ");
+  }
+}
+
+TEST_CASE("S3 chi_square_test: expected probabilities off 1 by more than 1e-9",
+          "[errors][statistics]") {
+  using specdec::errc;
+  using specdec::testing::check_error;
+  const std::vector<std::uint64_t> counts{3, 4, 5};
+  const std::vector<double> law{0.25, 0.25, 0.25};
+  check_error(
+      "S3", [&] { (void)specdec::stats::chi_square_test(counts, law); }, errc::not_normalized,
+      "chi_square_test: expected probabilities sum to 0.75, not 1 within 1e-9");
+  const std::vector<double> almost{0.25, 0.25, 0.5 + 5e-10};
+  CHECK(specdec::stats::chi_square_test(counts, almost).buckets >= 1);  // within the tolerance
+}
+
+TEST_CASE("S4 chi_square_survival, chi_square_critical_value, samples_to_detect: domain",
+          "[errors][statistics]") {
+  using specdec::errc;
+  using specdec::testing::check_error;
+  check_error(
+      "S4", [] { (void)specdec::stats::chi_square_survival(1.0, 0.0); }, errc::domain,
+      "upper_incomplete_gamma_q: needs a > 0 and x >= 0, got a = 0");
+  check_error(
+      "S4", [] { (void)specdec::stats::chi_square_survival(-1.0, 3.0); }, errc::domain,
+      "upper_incomplete_gamma_q: needs a > 0 and x >= 0");
+  for (const double tail : {0.0, 1.0, -1e-9, std::nan("")}) {
+    check_error(
+        "S4", [&] { (void)specdec::stats::chi_square_critical_value(3.0, tail); }, errc::domain,
+        "chi_square_critical_value: needs df > 0 and a tail probability in (0, 1)");
+  }
+  check_error(
+      "S4", [] { (void)specdec::stats::chi_square_critical_value(0.0, 1e-9); }, errc::domain,
+      "chi_square_critical_value: needs df > 0");
+  for (const double tv : {0.0, 1.5, std::nan("")}) {
+    check_error(
+        "S4", [&] { (void)specdec::stats::samples_to_detect(tv, 10.0); }, errc::domain,
+        "samples_to_detect: tv = ");
   }
 }
