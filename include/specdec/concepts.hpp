@@ -18,13 +18,18 @@
 
 namespace specdec {
 
+// The "clang-format off" regions below keep concept definitions and constrained partial
+// specializations readable: clang-format 14 misparses them (e.g. `std::same_as < T, float >`).
+
 /// A token id. Valid ids of a model are [0, vocab_size()).
 using token_id = std::int32_t;
 
 /// The element types a probability row may have.
+// clang-format off
 template <class T>
 concept ProbabilityScalar =
     std::same_as<std::remove_cv_t<T>, float> || std::same_as<std::remove_cv_t<T>, double>;
+// clang-format on
 
 // ---------------------------------------------------------------------------------------
 // Probability vectors
@@ -59,14 +64,15 @@ concept eigen_dense_vector = requires(const V& v) {
 template <class V>
 concept contiguous_scalar_range =
     !eigen_dense_vector<V> && std::ranges::contiguous_range<const V&> &&
-    std::ranges::sized_range<const V&> &&
-    ProbabilityScalar<std::ranges::range_value_t<const V&>>;
+    std::ranges::sized_range<const V&> && ProbabilityScalar<std::ranges::range_value_t<const V&>>;
 
 template <class T>
 struct is_const_scalar_span : std::false_type {};
+// clang-format off
 template <class T, std::size_t Extent>
   requires ProbabilityScalar<T>
 struct is_const_scalar_span<std::span<const T, Extent>> : std::true_type {};
+// clang-format on
 
 }  // namespace detail
 
@@ -97,12 +103,14 @@ struct probability_vector_traits<V, std::enable_if_t<detail::eigen_dense_vector<
 /// static_assert(specdec::ProbabilityVector<std::vector<float>>);
 /// static_assert(specdec::ProbabilityVector<Eigen::Ref<const Eigen::VectorXd>>);
 /// @endcode
+// clang-format off
 template <class V>
 concept ProbabilityVector = requires(const std::remove_cvref_t<V>& v) {
   { probability_vector_traits<std::remove_cvref_t<V>>::view(v) };
   requires detail::is_const_scalar_span<
       decltype(probability_vector_traits<std::remove_cvref_t<V>>::view(v))>::value;
 };
+// clang-format on
 
 /// The element type (float or double) of a probability vector.
 template <ProbabilityVector V>
@@ -146,9 +154,11 @@ struct is_rows_view<RowsView<T>> : std::true_type {};
 
 template <class T>
 struct is_const_rows_view : std::false_type {};
+// clang-format off
 template <class T>
   requires ProbabilityScalar<T>
 struct is_const_rows_view<RowsView<const T>> : std::true_type {};
+// clang-format on
 
 }  // namespace detail
 
@@ -170,12 +180,14 @@ struct probability_matrix_traits<M, std::enable_if_t<detail::eigen_row_major_mat
 /// Row-major probability rows, viewable as `RowsView<const T>`: `RowsView<T>` and row-major
 /// Eigen matrices (`Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>`,
 /// Map / Ref of them).
+// clang-format off
 template <class M>
 concept ProbabilityMatrix = requires(const std::remove_cvref_t<M>& m) {
   { probability_matrix_traits<std::remove_cvref_t<M>>::view(m) };
   requires detail::is_const_rows_view<
       decltype(probability_matrix_traits<std::remove_cvref_t<M>>::view(m))>::value;
 };
+// clang-format on
 
 /// Views any probability matrix as `RowsView<const T>` (no copy).
 template <ProbabilityMatrix M>
@@ -234,11 +246,13 @@ concept LanguageModel = HasVocabSize<M> && HasNextTokenProbabilities<M>;
 
 /// `model.score_draft(context, draft)`: the rows p_1..p_{gamma+1} of all gamma+1 prefixes
 /// `context`, `context + draft[0..0]`, ..., `context + draft` in one call.
+// clang-format off
 template <class M>
 concept HasDraftScoring =
     requires(M& model, std::span<const token_id> context, std::span<const token_id> draft) {
       { model.score_draft(context, draft) } -> ProbabilityMatrix;
     };
+// clang-format on
 
 /// A LanguageModel that scores all gamma+1 prefixes of `context + draft` in one call — the
 /// paper's parallel run of the target (Sec. 2.3). The result has `draft.size() + 1` rows of
