@@ -88,15 +88,13 @@ class PromptLookupDrafter {
     last_ = PromptLookupMatch{};
     if (out.empty()) return 0;
     const std::size_t length = context.size();
-    const std::size_t searched = std::min(length, options_.window);
-    if (searched < 2) return 0;
+    const auto [searched, pattern] = search_window(length);
+    if (pattern == 0) return 0;
     // reversed[k] = context[length - 1 - k], k < searched. An earlier occurrence of the
     // suffix of length s ending at position j is reversed[i, i + s) == reversed[0, s) with
     // i = length - 1 - j >= 1; the token after it is context[length - i].
     const token_id* last = context.data() + (length - 1);
     const auto reversed = [last](std::size_t k) { return *(last - k); };
-    const std::size_t pattern = std::min(options_.max_ngram, searched - 1);
-    if (pattern < options_.min_ngram) return 0;
     failure_computed_ = 0;
     if (failure_.size() < pattern) failure_.resize(pattern);
 
@@ -149,12 +147,10 @@ class PromptLookupDrafter {
     const std::size_t max_length = out.size() / lengths.size();
     if (max_length == 0) return 0;
     const std::size_t length = context.size();
-    const std::size_t searched = std::min(length, options_.window);
-    if (searched < 2) return 0;
-    const token_id* last = context.data() + (length - 1);
+    const auto [searched, pattern] = search_window(length);
+    if (pattern == 0) return 0;
+    const token_id* last = context.data() + (length - 1);  // reversed as in propose()
     const auto reversed = [last](std::size_t k) { return *(last - k); };
-    const std::size_t pattern = std::min(options_.max_ngram, searched - 1);
-    if (pattern < options_.min_ngram) return 0;
     const std::size_t wanted = lengths.size();
     if (z_.size() < pattern) z_.resize(pattern);
     if (kept_.size() < wanted) kept_.resize(wanted);
@@ -231,6 +227,21 @@ class PromptLookupDrafter {
   [[nodiscard]] const PromptLookupMatch& last_match() const noexcept { return last_; }
 
  private:
+  /// How much of a context of `length` tokens is searched (its last `searched` tokens) and
+  /// the longest suffix looked for in it (`pattern`); pattern = 0 when no match of
+  /// min_ngram tokens fits (min_ngram >= 1, so 0 never is a real pattern length).
+  struct SearchWindow {
+    std::size_t searched = 0;
+    std::size_t pattern = 0;
+  };
+  [[nodiscard]] SearchWindow search_window(std::size_t length) const noexcept {
+    const std::size_t searched = std::min(length, options_.window);
+    if (searched < 2) return {};
+    const std::size_t pattern = std::min(options_.max_ngram, searched - 1);
+    if (pattern < options_.min_ngram) return {};
+    return {searched, pattern};
+  }
+
   struct Occurrence {
     std::size_t length = 0;    // match length
     std::size_t position = 0;  // i: the occurrence ends at context position length - 1 - i
