@@ -155,6 +155,14 @@ struct Configuration {
   std::size_t order;
   bool truncated;  // T = 0.7 with top-k and top-p, else T = 1
   bool batched;    // the target scores all prefixes in one call
+
+  [[nodiscard]] SamplingOptions sampling() const {
+    return truncated ? specdec::testing::truncated_sampling(vocab) : SamplingOptions{};
+  }
+  /// The law of the target's first sequence_length_for(vocab) tokens under sampling().
+  [[nodiscard]] SequenceLaw law(const MarkovModel<double>& target) const {
+    return SequenceLaw(target, sampling(), specdec::testing::sequence_length_for(vocab));
+  }
 };
 
 // Order 1 and 2, both temperatures, V up to 64, batched and per-prefix targets.
@@ -182,11 +190,8 @@ TEST_CASE("Every gamma policy keeps the target's sequence law", "[gamma_policy][
     auto draft_model = specdec::testing::make_markov_draft(target_model, ++seed);
     BatchedMarkovModel<double> batched_model(target_model);
     auto per_prefix_model = target_model;
-    const SamplingOptions sampling = configuration.truncated
-                                         ? specdec::testing::truncated_sampling(configuration.vocab)
-                                         : SamplingOptions{};
-    const SequenceLaw law(target_model, sampling,
-                          specdec::testing::sequence_length_for(configuration.vocab));
+    const SamplingOptions sampling = configuration.sampling();
+    const SequenceLaw law = configuration.law(target_model);
     const std::size_t samples = specdec::testing::samples_for(law);
     const double threshold = median_top_probability(draft_model, sampling);
     for (const PolicyCase& policy_case : policy_cases(threshold)) {
@@ -243,11 +248,8 @@ TEST_CASE("The statistic catches a loop that lets a step's own verdict decide wh
         specdec::testing::make_markov_target(configuration.vocab, configuration.order, ++seed);
     auto draft = specdec::testing::make_markov_draft(target_model, ++seed);
     auto target = target_model;
-    const SamplingOptions sampling = configuration.truncated
-                                         ? specdec::testing::truncated_sampling(configuration.vocab)
-                                         : SamplingOptions{};
-    const SequenceLaw law(target_model, sampling,
-                          specdec::testing::sequence_length_for(configuration.vocab));
+    const SamplingOptions sampling = configuration.sampling();
+    const SequenceLaw law = configuration.law(target_model);
     const std::size_t samples = specdec::testing::samples_for(law);
     specdec::SpeculativeDecoder decoder(
         target, draft, {.sampling = sampling, .gamma_policy = specdec::FixedGamma(3)});
