@@ -510,14 +510,24 @@ concept HasDraftLogitsScoring = requires(M& model, std::span<const token_id> con
   { model.score_draft_logits(context, draft) } -> ProbabilityMatrix;
 };
 
+/// `model.score_tree_logits(context, tree)` with a `Tree` (TokenTreeView, draft_tree.hpp):
+/// the logits of every node of a token tree in one call, row-major (the logits twin of
+/// TreeScoringModel::score_tree, tree_verification.hpp).
+template <class M, class Tree>
+concept HasTreeLogitsScoring = requires(M& model, std::span<const token_id> context,
+                                        const Tree& tree) {
+  { model.score_tree_logits(context, tree) } -> ProbabilityMatrix;
+};
+
 /// A model of the next token that returns logits: `vocab_size()` and
-/// `next_token_logits(context)`; optionally `score_draft_logits(context, draft)`.
+/// `next_token_logits(context)`; optionally `score_draft_logits(context, draft)` and
+/// `score_tree_logits(context, tree)`.
 template <class M>
 concept LogitsLanguageModel = HasVocabSize<M> && HasNextTokenLogits<M>;
 
 /// Adapts a LogitsLanguageModel to LanguageModel (and to BatchedLanguageModel when the
-/// model has score_draft_logits) with a numerically stable softmax into rows the adapter
-/// owns. Holds a reference: the model must outlive the adapter. Returned rows stay valid
+/// model has score_draft_logits, to TreeScoringModel when it has score_tree_logits) with a
+/// numerically stable softmax into rows the adapter owns. Holds a reference: the model must outlive the adapter. Returned rows stay valid
 /// until the next call on the adapter.
 ///
 /// Two ways to sample with temperature / truncation, with the same output law:
@@ -563,20 +573,32 @@ class LogitsModel {
                                           std::span<const token_id> draft) requires
       HasDraftLogitsScoring<M> {
     const auto& scored = model_->score_draft_logits(context, draft);
-    const auto logits = as_rows(scored);
-    using logit_scalar = typename std::remove_cvref_t<decltype(logits)>::value_type;
-    rows_.resize(logits.rows() * logits.cols());
-    for (std::size_t i = 0; i < logits.rows(); ++i) {
-      convert(std::span<const logit_scalar>(logits.row(i)),
-              std::span<scalar_type>(rows_.data() + i * logits.cols(), logits.cols()));
-    }
-    return {rows_.data(), logits.rows(), logits.cols()};
+    return convert_rows(as_rows(scored));
+  }
+
+  /// Row-wise standardize(softmax(...)) of score_tree_logits(context, tree): one row per
+  /// tree node, root first (what TreeScoringModel::score_tree returns).
+  template <class Tree>
+  requires HasTreeLogitsScoring<M, Tree> RowsView<const scalar_type> score_tree(
+      std::span<const token_id> context, const Tree& tree) {
+    const auto& scored = model_->score_tree_logits(context, tree);
+    return convert_rows(as_rows(scored));
   }
 
   [[nodiscard]] M& model() const noexcept { return *model_; }
   [[nodiscard]] const SamplingOptions& sampling() const noexcept { return standardizer_.options(); }
 
  private:
+  template <class U>
+  RowsView<const scalar_type> convert_rows(RowsView<const U> logits) {
+    rows_.resize(logits.rows() * logits.cols());
+    for (std::size_t i = 0; i < logits.rows(); ++i) {
+      convert(std::span<const U>(logits.row(i)),
+              std::span<scalar_type>(rows_.data() + i * logits.cols(), logits.cols()));
+    }
+    return {rows_.data(), logits.rows(), logits.cols()};
+  }
+
   template <class U>
   void convert(std::span<const U> logits, std::span<scalar_type> out) {
     if (standardizer_.identity()) {
