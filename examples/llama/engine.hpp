@@ -1,0 +1,409 @@
+// An inference engine for one llama model: a KV cache and a forward pass that evaluates any
+// number of new positions, linear or as a token tree, in one pass. It offers specdec what an
+// engine offers (specdec::LogitsModel turns the logits into probability rows):
+//
+//   next_token_logits(context)          logits after `context`
+//   score_draft_logits(context, draft)  the gamma + 1 rows after context, context + x_1, ...,
+//                                       context + x_1..x_gamma: ONE forward pass over the new
+//                                       tokens (causal attention over cache + new tokens)
+//   score_tree_logits(context, tree)    the rows of every node of a token tree: ONE forward
+//                                       pass with the tree attention mask
+//
+// and keeps its cache in line with the decoder's context through specdec::CachedContext:
+// rejected drafts are truncated, a tree's accepted path is moved into place
+// (keep_tree_path), and no accepted position is evaluated twice. The CachedContext hooks
+// only stage work; the forward pass runs once per call, over every staged position (the
+// previous step's correction token, the drafts, the tree nodes) together.
+//
+// Every position's result is bit-identical whether evaluated alone, in a batch or in a tree
+// (kernels.hpp, "Batch invariance"), so greedy speculative decoding reproduces greedy plain
+// decoding token for token.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "kernels.hpp"
+#include "model.hpp"
+#include "specdec/cached_context.hpp"
+#include "specdec/concepts.hpp"
+#include "specdec/draft_tree.hpp"
+#include "specdec/rows.hpp"
+
+namespace llama {
+
+/// What the engine throws for a request it cannot serve (a context longer than the cache,
+/// an empty context, a token id outside the vocabulary).
+class engine_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class Engine {
+ public:
+  /// Work done since construction or reset_counters().
+  struct Counters {
+    std::size_t forward_passes = 0;  ///< calls that ran the network
+    std::size_t positions = 0;       ///< positions evaluated (KV entries written)
+    std::size_t logit_rows = 0;      ///< rows of the output projection computed
+  };
+
+  /// An engine over `model` (which must outlive it) with room for `capacity` cached
+  /// positions (0: the model's context length, at most 4096).
+  explicit Engine(const Model& model, std::size_t capacity = 0)
+      : model_(&model),
+        config_(model.config()),
+        capacity_(capacity != 0 ? capacity : std::min<std::size_t>(config_.context_length, 4096)) {
+    const std::size_t kv = config_.layers * capacity_ * config_.kv_dim();
+    keys_.assign(kv, 0.0F);
+    values_.assign(kv, 0.0F);
+    scores_.resize(capacity_);
+    const std::size_t pairs = config_.rope_dims / 2;
+    inverse_frequencies_.resize(pairs);
+    for (std::size_t i = 0; i < pairs; ++i) {
+      double f = config_.rope_scale *
+                 std::pow(config_.rope_base, -2.0 * static_cast<double>(i) /
+                                                 static_cast<double>(config_.rope_dims));
+      if (!config_.rope_divisors.empty()) f /= config_.rope_divisors[i];
+      inverse_frequencies_[i] = f;
+    }
+    cache_.reserve(capacity_, 64);
+    reserve_columns(16);
+  }
+
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  [[nodiscard]] std::size_t vocab_size() const noexcept { return config_.vocab; }
+  [[nodiscard]] const Model& model() const noexcept { return *model_; }
+  [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
+  /// Positions the KV cache holds (without a pending tree's slots).
+  [[nodiscard]] std::size_t cached() const noexcept { return cached_; }
+  [[nodiscard]] const Counters& counters() const noexcept { return counters_; }
+  void reset_counters() noexcept { counters_ = {}; }
+  /// Forgets the cache (the next call evaluates its whole context).
+  void reset() noexcept {
+    cache_.clear();
+    cached_ = 0;
+    tree_slots_ = 0;
+    pending_.clear();
+    pending_tree_ = false;
+  }
+
+  // ---- what the decoder calls (through specdec::LogitsModel) ---------------------------
+
+  /// The logits after `context` (one row of vocab_size()).
+  std::span<const float> next_token_logits(std::span<const specdec::token_id> context) {
+    check_context(context, 0);
+    cache_.sync(context, *this, 1);  // re-evaluates the last position if it is cached
+    run(1, false);
+    return {logits_.data(), config_.vocab};
+  }
+
+  /// Rows p_1..p_{gamma+1}: after context, context + draft[0], ..., context + draft.
+  specdec::RowsView<const float> score_draft_logits(std::span<const specdec::token_id> context,
+                                                    std::span<const specdec::token_id> draft) {
+    check_context(context, draft.size());
+    joined_.assign(context.begin(), context.end());
+    joined_.insert(joined_.end(), draft.begin(), draft.end());
+    cache_.sync(joined_, *this, draft.size() + 1);
+    run(draft.size() + 1, false);
+    return {logits_.data(), draft.size() + 1, config_.vocab};
+  }
+
+  /// Row 0: after `context` (the root); row i: after context + path(i).
+  specdec::RowsView<const float> score_tree_logits(std::span<const specdec::token_id> context,
+                                                   const specdec::TokenTreeView& tree) {
+    check_context(context, tree.size() > 0 ? tree.size() - 1 : 0);
+    cache_.sync(context, *this, 1);
+    cache_.append_tree(tree, *this);  // stages the nodes: the pass below evaluates them
+    run(1, tree.size() > 1);
+    return {logits_.data(), std::max<std::size_t>(tree.size(), 1), config_.vocab};
+  }
+
+  // ---- the hooks specdec::CachedContext calls (they stage; run() evaluates) --------------
+
+  /// Forgets cached positions >= n and any tree slots.
+  void truncate(std::size_t n) noexcept {
+    cached_ = std::min(cached_, n);
+    tree_slots_ = 0;
+  }
+  /// Stages `tokens` at the next positions.
+  void append(std::span<const specdec::token_id> tokens) {
+    pending_.insert(pending_.end(), tokens.begin(), tokens.end());
+  }
+  /// Stages the nodes of `tree` past the root: node i at slot base + i - 1 and position
+  /// base + depth(i) - 1, base = the context length.
+  void append_tree(const specdec::TokenTreeView& tree) {
+    tree_tokens_.assign(tree.tokens.begin(), tree.tokens.end());
+    tree_parents_.assign(tree.parents.begin(), tree.parents.end());
+    tree_depths_.assign(tree.depths.begin(), tree.depths.end());
+    pending_tree_ = tree.size() > 1;
+  }
+  /// Moves the KV entries of the accepted tree path to positions base, base + 1, ... and
+  /// forgets the other tree slots.
+  void keep_tree_path(std::size_t base, std::span<const std::size_t> slots) noexcept {
+    const std::size_t kv_dim = config_.kv_dim();
+    for (std::size_t k = 0; k < slots.size(); ++k) {
+      if (slots[k] == base + k) continue;
+      for (std::size_t layer = 0; layer < config_.layers; ++layer) {
+        std::copy_n(key(layer, slots[k]), kv_dim, key(layer, base + k));
+        std::copy_n(value(layer, slots[k]), kv_dim, value(layer, base + k));
+      }
+    }
+    cached_ = base + slots.size();
+    tree_slots_ = 0;
+  }
+
+ private:
+  // One staged position of a forward pass.
+  struct Entry {
+    specdec::token_id token = 0;
+    std::size_t position = 0;      // rotary position
+    std::size_t slot = 0;          // cache row its K and V go to
+    std::size_t prefix = 0;        // attends to slots [0, prefix) ...
+    std::size_t extra_begin = 0;   // ... and to extra_slots_[extra_begin, extra_end)
+    std::size_t extra_end = 0;
+  };
+
+  void check_context(std::span<const specdec::token_id> context, std::size_t extra) const {
+    if (context.empty()) {
+      throw engine_error("empty context: a llama model needs at least one token (BOS)");
+    }
+    if (context.size() + extra > capacity_) {
+      throw engine_error("context of " + std::to_string(context.size()) + " tokens (+" +
+                         std::to_string(extra) + " scored) exceeds the engine's capacity of " +
+                         std::to_string(capacity_) + " positions (" + model_->path() + ")");
+    }
+  }
+
+  float* key(std::size_t layer, std::size_t slot) noexcept {
+    return keys_.data() + (layer * capacity_ + slot) * config_.kv_dim();
+  }
+  float* value(std::size_t layer, std::size_t slot) noexcept {
+    return values_.data() + (layer * capacity_ + slot) * config_.kv_dim();
+  }
+
+  void reserve_columns(std::size_t columns) {
+    if (columns <= reserved_columns_) return;
+    const Config& c = config_;
+    x_.resize(columns * c.dim);
+    h_.resize(columns * c.dim);
+    t_.resize(columns * c.dim);
+    q_.resize(columns * c.q_dim());
+    k_.resize(columns * c.kv_dim());
+    v_.resize(columns * c.kv_dim());
+    a_.resize(columns * c.q_dim());
+    gate_.resize(columns * c.ffn);
+    up_.resize(columns * c.ffn);
+    logits_.resize(columns * c.vocab);
+    rope_.resize(columns * c.rope_dims);
+    entries_.reserve(columns);
+    reserved_columns_ = columns;
+  }
+
+  // Evaluates everything staged in one forward pass: logits for the last `linear_rows`
+  // staged linear positions, then for every staged tree node.
+  void run(std::size_t linear_rows, bool tree) {
+    try {
+      evaluate(linear_rows, tree);
+    } catch (...) {
+      reset();  // the cache's state is unknown: start over on the next call
+      throw;
+    }
+  }
+
+  void evaluate(std::size_t linear_rows, bool tree) {
+    const std::size_t base = cached_;
+    const std::size_t linear = pending_.size();
+    const std::size_t nodes = (tree && pending_tree_) ? tree_tokens_.size() - 1 : 0;
+    const std::size_t columns = linear + nodes;
+    if (base + columns > capacity_) {
+      throw engine_error("the cache would hold " + std::to_string(base + columns) +
+                         " positions, more than its capacity of " + std::to_string(capacity_));
+    }
+    if (linear_rows > linear) {
+      throw engine_error("internal: " + std::to_string(linear_rows) + " rows asked of " +
+                         std::to_string(linear) + " new positions");
+    }
+    reserve_columns(columns);
+    entries_.clear();
+    extra_slots_.clear();
+    for (std::size_t i = 0; i < linear; ++i) {
+      entries_.push_back({pending_[i], base + i, base + i, base + i + 1, 0, 0});
+    }
+    const std::size_t tree_base = base + linear;  // slot of node 1
+    for (std::size_t i = 1; i <= nodes; ++i) {
+      Entry e{tree_tokens_[i], tree_base + tree_depths_[i] - 1, tree_base + i - 1, tree_base, 0, 0};
+      // Ancestors below the root, root side first (their slots increase along the path),
+      // then the node itself: keys in position order, as a linear context would have them.
+      e.extra_begin = extra_slots_.size();
+      const std::size_t depth = tree_depths_[i];
+      extra_slots_.resize(extra_slots_.size() + depth);
+      std::size_t at = i;
+      for (std::size_t d = depth; d > 0; --d) {
+        extra_slots_[e.extra_begin + d - 1] = tree_base + at - 1;
+        at = tree_parents_[at];
+      }
+      e.extra_end = extra_slots_.size();
+      entries_.push_back(e);
+    }
+    for (const Entry& e : entries_) {
+      if (e.token < 0 || static_cast<std::size_t>(e.token) >= config_.vocab) {
+        throw engine_error("token id " + std::to_string(e.token) + " is outside the vocabulary [0, " +
+                           std::to_string(config_.vocab) + ")");
+      }
+    }
+    forward(columns);
+    // Output rows: the last linear_rows linear entries, then the tree nodes, through one
+    // product so that the output matrix is streamed once.
+    std::size_t rows = 0;
+    for (std::size_t i = linear - linear_rows; i < columns; ++i, ++rows) {
+      rms_norm(x_.data() + i * config_.dim, model_->output_norm().data(),
+               t_.data() + rows * config_.dim, config_.dim, config_.rms_eps);
+    }
+    kernels::matmul(model_->output().data.data(), config_.vocab, config_.dim, t_.data(),
+                    config_.dim, rows, logits_.data(), config_.vocab);
+    counters_.logit_rows += rows;
+    ++counters_.forward_passes;
+    counters_.positions += columns;
+    cached_ = base + linear;
+    tree_slots_ = nodes;
+    pending_.clear();
+    pending_tree_ = false;
+  }
+
+  static void rms_norm(const float* in, const float* weight, float* out, std::size_t n,
+                       double eps) noexcept {
+    double sum = 0.0;
+    for (std::size_t i = 0; i < n; ++i) sum += static_cast<double>(in[i]) * in[i];
+    const auto scale = static_cast<float>(1.0 / std::sqrt(sum / static_cast<double>(n) + eps));
+    for (std::size_t i = 0; i < n; ++i) out[i] = in[i] * scale * weight[i];
+  }
+
+  void rotate(float* vector, const float* table, std::size_t heads) const noexcept {
+    const std::size_t pairs = config_.rope_dims / 2;
+    for (std::size_t h = 0; h < heads; ++h) {
+      float* x = vector + h * config_.head_dim;
+      for (std::size_t i = 0; i < pairs; ++i) {
+        const float cos = table[2 * i];
+        const float sin = table[2 * i + 1];
+        const float x0 = x[2 * i];
+        const float x1 = x[2 * i + 1];
+        x[2 * i] = x0 * cos - x1 * sin;
+        x[2 * i + 1] = x0 * sin + x1 * cos;
+      }
+    }
+  }
+
+  void forward(std::size_t columns) {
+    const Config& c = config_;
+    const std::size_t dim = c.dim, q_dim = c.q_dim(), kv_dim = c.kv_dim(), ffn = c.ffn;
+    for (std::size_t j = 0; j < columns; ++j) {
+      const float* row = model_->embedding().row(static_cast<std::size_t>(entries_[j].token));
+      std::copy_n(row, dim, x_.data() + j * dim);
+      float* table = rope_.data() + j * c.rope_dims;
+      for (std::size_t i = 0; i < c.rope_dims / 2; ++i) {
+        const double angle = static_cast<double>(entries_[j].position) * inverse_frequencies_[i];
+        table[2 * i] = static_cast<float>(std::cos(angle));
+        table[2 * i + 1] = static_cast<float>(std::sin(angle));
+      }
+    }
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.head_dim)));
+    const std::size_t group = c.heads / c.kv_heads;
+    for (std::size_t layer = 0; layer < c.layers; ++layer) {
+      const Layer& w = model_->layers()[layer];
+      for (std::size_t j = 0; j < columns; ++j) {
+        rms_norm(x_.data() + j * dim, w.attn_norm.data(), h_.data() + j * dim, dim, c.rms_eps);
+      }
+      kernels::matmul(w.q.data.data(), q_dim, dim, h_.data(), dim, columns, q_.data(), q_dim);
+      kernels::matmul(w.k.data.data(), kv_dim, dim, h_.data(), dim, columns, k_.data(), kv_dim);
+      kernels::matmul(w.v.data.data(), kv_dim, dim, h_.data(), dim, columns, v_.data(), kv_dim);
+      for (std::size_t j = 0; j < columns; ++j) {
+        const float* table = rope_.data() + j * c.rope_dims;
+        rotate(q_.data() + j * q_dim, table, c.heads);
+        rotate(k_.data() + j * kv_dim, table, c.kv_heads);
+        std::copy_n(k_.data() + j * kv_dim, kv_dim, key(layer, entries_[j].slot));
+        std::copy_n(v_.data() + j * kv_dim, kv_dim, value(layer, entries_[j].slot));
+      }
+      for (std::size_t j = 0; j < columns; ++j) attend(layer, j, group, scale);
+      kernels::matmul(w.o.data.data(), dim, q_dim, a_.data(), q_dim, columns, t_.data(), dim);
+      for (std::size_t i = 0; i < columns * dim; ++i) x_[i] += t_[i];
+      for (std::size_t j = 0; j < columns; ++j) {
+        rms_norm(x_.data() + j * dim, w.ffn_norm.data(), h_.data() + j * dim, dim, c.rms_eps);
+      }
+      kernels::matmul(w.gate.data.data(), ffn, dim, h_.data(), dim, columns, gate_.data(), ffn);
+      kernels::matmul(w.up.data.data(), ffn, dim, h_.data(), dim, columns, up_.data(), ffn);
+      for (std::size_t i = 0; i < columns * ffn; ++i) {
+        const float g = gate_[i];
+        gate_[i] = g / (1.0F + std::exp(-g)) * up_[i];
+      }
+      kernels::matmul(w.down.data.data(), dim, ffn, gate_.data(), ffn, columns, t_.data(), dim);
+      for (std::size_t i = 0; i < columns * dim; ++i) x_[i] += t_[i];
+    }
+  }
+
+  // Attention of entry j in `layer`: softmax(q k / sqrt(d)) v over its allowed slots, in
+  // slot order; each entry on its own, so the result does not depend on the batch.
+  void attend(std::size_t layer, std::size_t j, std::size_t group, float scale) {
+    const Config& c = config_;
+    const Entry& e = entries_[j];
+    const std::size_t hd = c.head_dim, kv_dim = c.kv_dim();
+    const std::size_t count = e.prefix + (e.extra_end - e.extra_begin);
+    const auto slot_at = [&](std::size_t t) {
+      return t < e.prefix ? t : extra_slots_[e.extra_begin + (t - e.prefix)];
+    };
+    const float* keys = keys_.data() + layer * capacity_ * kv_dim;
+    const float* values = values_.data() + layer * capacity_ * kv_dim;
+    for (std::size_t h = 0; h < c.heads; ++h) {
+      const float* q = q_.data() + j * c.q_dim() + h * hd;
+      const std::size_t offset = (h / group) * hd;
+      float maximum = -std::numeric_limits<float>::infinity();
+      for (std::size_t t = 0; t < count; ++t) {
+        const float s = kernels::dot(q, keys + slot_at(t) * kv_dim + offset, hd) * scale;
+        scores_[t] = s;
+        maximum = std::max(maximum, s);
+      }
+      float sum = 0.0F;
+      for (std::size_t t = 0; t < count; ++t) {
+        scores_[t] = std::exp(scores_[t] - maximum);
+        sum += scores_[t];
+      }
+      const float inverse = 1.0F / sum;
+      float* out = a_.data() + j * c.q_dim() + h * hd;
+      std::fill_n(out, hd, 0.0F);
+      for (std::size_t t = 0; t < count; ++t) {
+        kernels::axpy(scores_[t] * inverse, values + slot_at(t) * kv_dim + offset, out, hd);
+      }
+    }
+  }
+
+  const Model* model_;
+  Config config_;
+  std::size_t capacity_;
+  specdec::CachedContext cache_;
+  std::size_t cached_ = 0;      // KV rows holding positions 0 .. cached_ - 1
+  std::size_t tree_slots_ = 0;  // tree node slots after them (until the next sync)
+  std::vector<float> keys_, values_;  // [layer][slot][kv_dim]
+  std::vector<double> inverse_frequencies_;
+  // staged work
+  std::vector<specdec::token_id> pending_;
+  bool pending_tree_ = false;
+  std::vector<specdec::token_id> tree_tokens_;
+  std::vector<std::size_t> tree_parents_, tree_depths_;
+  // forward-pass buffers, [column][...]
+  std::size_t reserved_columns_ = 0;
+  std::vector<Entry> entries_;
+  std::vector<std::size_t> extra_slots_;
+  std::vector<float> x_, h_, t_, q_, k_, v_, a_, gate_, up_, logits_, rope_, scores_;
+  std::vector<specdec::token_id> joined_;
+  Counters counters_;
+};
+
+}  // namespace llama

@@ -1,0 +1,280 @@
+// The engine's numeric kernels: the skinny matrix product that dominates a forward pass,
+// and the dot / axpy of attention, with an AVX2+FMA path chosen at run time and a portable
+// path for every other CPU.
+//
+// The skinny product y_j = W x_j for b <= ~16 columns is written the way CPU engines write
+// it: W (rows x cols, row-major, the layout of a GGUF weight) is streamed once per block of
+// rows, and each row is dotted with all b columns while it is in registers, so b columns
+// cost about the memory time of one. Eigen's general product packs W on every call, which
+// for a handful of columns costs more than the product itself.
+//
+// Batch invariance. Every output element y_j[o] is computed by the same sequence of
+// floating-point operations whatever b is and wherever column j sits in the batch: one
+// 8-lane accumulator chain over the row (k = 0, 8, 16, ...), a fixed lane reduction, then
+// the scalar tail in order. Tiles of rows and columns only change which elements are
+// computed together, never how. So a position's logits and KV entries are bit-identical
+// whether it was evaluated alone, in a batch of drafts, or in a token tree, which is what
+// makes greedy speculative output equal to greedy plain output token for token. dot()
+// uses the same chain, so attention is invariant too.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define LLAMA_KERNELS_X86 1
+#else
+#define LLAMA_KERNELS_X86 0
+#endif
+
+namespace llama::kernels {
+
+/// The instruction sets with a kernel path.
+enum class isa { portable, avx2 };
+
+[[nodiscard]] inline std::string_view to_string(isa path) noexcept {
+  return path == isa::avx2 ? "avx2+fma" : "portable";
+}
+
+namespace detail {
+
+// ---- portable path: the same 8-lane structure in plain C++ ------------------------------
+
+inline float reduce_lanes(const float lanes[8]) noexcept {
+  const float a = (lanes[0] + lanes[4]) + (lanes[2] + lanes[6]);
+  const float b = (lanes[1] + lanes[5]) + (lanes[3] + lanes[7]);
+  return a + b;
+}
+
+inline float dot_portable(const float* a, const float* b, std::size_t n) noexcept {
+  float lanes[8] = {};
+  const std::size_t vector_end = n & ~std::size_t{7};
+  for (std::size_t k = 0; k < vector_end; k += 8) {
+    for (std::size_t l = 0; l < 8; ++l) lanes[l] += a[k + l] * b[k + l];
+  }
+  float sum = reduce_lanes(lanes);
+  for (std::size_t k = vector_end; k < n; ++k) sum += a[k] * b[k];
+  return sum;
+}
+
+inline void matmul_portable(const float* w, std::size_t rows, std::size_t cols, const float* x,
+                            std::size_t x_stride, std::size_t columns, float* y,
+                            std::size_t y_stride) noexcept {
+  for (std::size_t o = 0; o < rows; ++o) {
+    const float* row = w + o * cols;
+    for (std::size_t j = 0; j < columns; ++j) {
+      y[j * y_stride + o] = dot_portable(row, x + j * x_stride, cols);
+    }
+  }
+}
+
+inline void axpy_portable(float alpha, const float* x, float* y, std::size_t n) noexcept {
+  for (std::size_t k = 0; k < n; ++k) y[k] += alpha * x[k];
+}
+
+// ---- AVX2 + FMA path ------------------------------------------------------------------
+
+#if LLAMA_KERNELS_X86
+#define LLAMA_AVX2 __attribute__((target("avx2,fma")))
+#ifndef LLAMA_PREFETCH
+#define LLAMA_PREFETCH 2048
+#endif
+
+LLAMA_AVX2 inline float reduce_lanes_avx2(__m256 v) noexcept {
+  // lanes (0+4, 1+5, 2+6, 3+7), then (0+2, 1+3), then 0+1: the portable order
+  const __m128 half = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 quarter = _mm_add_ps(half, _mm_movehl_ps(half, half));
+  const __m128 single = _mm_add_ss(quarter, _mm_shuffle_ps(quarter, quarter, 1));
+  return _mm_cvtss_f32(single);
+}
+
+LLAMA_AVX2 inline float dot_avx2(const float* a, const float* b, std::size_t n) noexcept {
+  __m256 acc = _mm256_setzero_ps();
+  const std::size_t vector_end = n & ~std::size_t{7};
+  for (std::size_t k = 0; k < vector_end; k += 8) {
+    acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + k), _mm256_loadu_ps(b + k), acc);
+  }
+  float sum = reduce_lanes_avx2(acc);
+  for (std::size_t k = vector_end; k < n; ++k) sum = std::fma(a[k], b[k], sum);
+  return sum;
+}
+
+// R rows x C columns of y: R*C accumulators, each row vector loaded once per k-step and
+// used for all C columns.
+template <std::size_t R, std::size_t C>
+LLAMA_AVX2 inline void tile_avx2(const float* w, std::size_t cols, const float* x,
+                                 std::size_t x_stride, float* y, std::size_t y_stride,
+                                 std::size_t prefetch) noexcept {
+  __m256 acc[R][C];
+#pragma GCC unroll 8
+  for (std::size_t r = 0; r < R; ++r) {
+#pragma GCC unroll 8
+    for (std::size_t c = 0; c < C; ++c) acc[r][c] = _mm256_setzero_ps();
+  }
+  const std::size_t vector_end = cols & ~std::size_t{7};
+  for (std::size_t k = 0; k < vector_end; k += 8) {
+    __m256 row[R];
+#pragma GCC unroll 8
+    for (std::size_t r = 0; r < R; ++r) {
+      const float* at = w + r * cols + k;
+      _mm_prefetch(reinterpret_cast<const char*>(at + prefetch), _MM_HINT_T0);
+      row[r] = _mm256_loadu_ps(at);
+    }
+#pragma GCC unroll 8
+    for (std::size_t c = 0; c < C; ++c) {
+      __m256 column = _mm256_loadu_ps(x + c * x_stride + k);
+      // Keep the column in a register: folded into each FMA as a memory operand it would be
+      // loaded R times, and the loads, not the FMAs, would bound the loop.
+      if constexpr (R > 1) __asm__("" : "+x"(column));
+#pragma GCC unroll 8
+      for (std::size_t r = 0; r < R; ++r) acc[r][c] = _mm256_fmadd_ps(row[r], column, acc[r][c]);
+    }
+  }
+  for (std::size_t r = 0; r < R; ++r) {
+    const float* wr = w + r * cols;
+    for (std::size_t c = 0; c < C; ++c) {
+      const float* xc = x + c * x_stride;
+      float sum = reduce_lanes_avx2(acc[r][c]);
+      for (std::size_t k = vector_end; k < cols; ++k) sum = std::fma(wr[k], xc[k], sum);
+      y[c * y_stride + r] = sum;
+    }
+  }
+}
+
+// Rows [0, rows) of the product for C columns: tiles of R rows, then single rows.
+template <std::size_t R, std::size_t C>
+LLAMA_AVX2 inline void rows_avx2(const float* w, std::size_t rows, std::size_t cols,
+                                 const float* x, std::size_t x_stride, float* y,
+                                 std::size_t y_stride, std::size_t prefetch) noexcept {
+  std::size_t o = 0;
+  for (; o + R <= rows; o += R) {
+    tile_avx2<R, C>(w + o * cols, cols, x, x_stride, y + o, y_stride, prefetch);
+  }
+  for (; o < rows; ++o) tile_avx2<1, C>(w + o * cols, cols, x, x_stride, y + o, y_stride, prefetch);
+}
+
+LLAMA_AVX2 inline void columns_avx2(std::size_t c, const float* w, std::size_t rows,
+                                    std::size_t cols, const float* x, std::size_t x_stride,
+                                    float* y, std::size_t y_stride, std::size_t p) noexcept {
+  switch (c) {
+    case 1: rows_avx2<8, 1>(w, rows, cols, x, x_stride, y, y_stride, p); break;
+    case 2: rows_avx2<4, 2>(w, rows, cols, x, x_stride, y, y_stride, p); break;
+    case 3: rows_avx2<3, 3>(w, rows, cols, x, x_stride, y, y_stride, p); break;
+    case 4: rows_avx2<3, 4>(w, rows, cols, x, x_stride, y, y_stride, p); break;
+    case 5: rows_avx2<2, 5>(w, rows, cols, x, x_stride, y, y_stride, p); break;
+    case 6: rows_avx2<2, 6>(w, rows, cols, x, x_stride, y, y_stride, p); break;
+    case 7: rows_avx2<1, 7>(w, rows, cols, x, x_stride, y, y_stride, p); break;
+    default: rows_avx2<1, 8>(w, rows, cols, x, x_stride, y, y_stride, p); break;
+  }
+}
+
+LLAMA_AVX2 inline void matmul_avx2(const float* w, std::size_t rows, std::size_t cols,
+                                   const float* x, std::size_t x_stride, std::size_t columns,
+                                   float* y, std::size_t y_stride) noexcept {
+  if (columns == 0 || rows == 0) return;
+  // Columns in groups of at most 6 (up to 12 accumulators), as even as possible (8 = 4 + 4,
+  // 9 = 5 + 4). With more than one group, rows go in blocks that stay in L2 while every
+  // group passes over them, so W still comes from memory once.
+  const std::size_t groups = (columns + 5) / 6;
+  const std::size_t group = (columns + groups - 1) / groups;
+  const std::size_t block =
+      groups == 1 ? rows : std::max<std::size_t>(8, (96 * 1024) / (cols * sizeof(float)) / 8 * 8);
+  for (std::size_t o = 0; o < rows; o += block) {
+    const std::size_t n = std::min(block, rows - o);
+    for (std::size_t j = 0, g = 1; j < columns; j += group, ++g) {
+      const std::size_t c = std::min(group, columns - j);
+      // Each later group prefetches further ahead, so memory stays busy while it computes
+      // on rows the first group brought in.
+      columns_avx2(c, w + o * cols, n, cols, x + j * x_stride, x_stride, y + j * y_stride + o,
+                   y_stride, g * LLAMA_PREFETCH);
+    }
+  }
+}
+
+LLAMA_AVX2 inline void axpy_avx2(float alpha, const float* x, float* y, std::size_t n) noexcept {
+  const __m256 a = _mm256_set1_ps(alpha);
+  const std::size_t vector_end = n & ~std::size_t{7};
+  for (std::size_t k = 0; k < vector_end; k += 8) {
+    _mm256_storeu_ps(y + k, _mm256_fmadd_ps(a, _mm256_loadu_ps(x + k), _mm256_loadu_ps(y + k)));
+  }
+  for (std::size_t k = vector_end; k < n; ++k) y[k] = std::fma(alpha, x[k], y[k]);
+}
+
+#undef LLAMA_AVX2
+#endif  // LLAMA_KERNELS_X86
+
+inline bool cpu_has_avx2() noexcept {
+#if LLAMA_KERNELS_X86
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+inline isa detect() noexcept {
+  // LLAMA_KERNELS=portable forces the portable path (tests cover both paths this way).
+  if (const char* forced = std::getenv("LLAMA_KERNELS");
+      forced != nullptr && std::strcmp(forced, "portable") == 0) {
+    return isa::portable;
+  }
+  return cpu_has_avx2() ? isa::avx2 : isa::portable;
+}
+
+inline isa& active_path() noexcept {
+  static isa path = detect();
+  return path;
+}
+
+}  // namespace detail
+
+/// The path in use: AVX2+FMA where the CPU has both, unless LLAMA_KERNELS=portable.
+[[nodiscard]] inline isa active() noexcept { return detail::active_path(); }
+
+/// Selects a path (tests run every path this way). Returns false, changing nothing, if the
+/// CPU cannot run it. Not thread-safe: call it before any engine computes.
+inline bool select(isa path) noexcept {
+  if (path == isa::avx2 && !detail::cpu_has_avx2()) return false;
+  detail::active_path() = path;
+  return true;
+}
+
+/// y_j[o] = sum_k w[o][k] x_j[k] for o < rows, j < columns: w row-major (rows x cols),
+/// column j of x at x + j * x_stride, of y at y + j * y_stride.
+inline void matmul(const float* w, std::size_t rows, std::size_t cols, const float* x,
+                   std::size_t x_stride, std::size_t columns, float* y,
+                   std::size_t y_stride) noexcept {
+#if LLAMA_KERNELS_X86
+  if (active() == isa::avx2) {
+    detail::matmul_avx2(w, rows, cols, x, x_stride, columns, y, y_stride);
+    return;
+  }
+#endif
+  detail::matmul_portable(w, rows, cols, x, x_stride, columns, y, y_stride);
+}
+
+/// sum_k a[k] b[k], with the same operation order as one element of matmul.
+[[nodiscard]] inline float dot(const float* a, const float* b, std::size_t n) noexcept {
+#if LLAMA_KERNELS_X86
+  if (active() == isa::avx2) return detail::dot_avx2(a, b, n);
+#endif
+  return detail::dot_portable(a, b, n);
+}
+
+/// y += alpha x.
+inline void axpy(float alpha, const float* x, float* y, std::size_t n) noexcept {
+#if LLAMA_KERNELS_X86
+  if (active() == isa::avx2) {
+    detail::axpy_avx2(alpha, x, y, n);
+    return;
+  }
+#endif
+  detail::axpy_portable(alpha, x, y, n);
+}
+
+}  // namespace llama::kernels
