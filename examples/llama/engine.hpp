@@ -129,9 +129,10 @@ class Engine {
 
   // ---- the hooks specdec::CachedContext calls (they stage; run() evaluates) --------------
 
-  /// Forgets cached positions >= n and any tree slots.
+  /// Forgets cached positions >= n. Tree slots below n stay: CachedContext truncates to the
+  /// end of an accepted tree path that already sits at positions base, base + 1, ...
   void truncate(std::size_t n) noexcept {
-    cached_ = std::min(cached_, n);
+    cached_ = std::min(n, cached_ + tree_slots_);
     tree_slots_ = 0;
   }
   /// Stages `tokens` at the next positions.
