@@ -175,7 +175,8 @@ class Engine {
 
   void check_context(std::span<const specdec::token_id> context, std::size_t extra) const {
     if (context.empty()) {
-      throw engine_error("empty context: a llama model needs at least one token (BOS)");
+      throw engine_error("empty context: the llama model " + model_->path() +
+                         " needs at least one token (BOS)");
     }
     if (context.size() + extra > capacity_) {
       throw engine_error("context of " + std::to_string(context.size()) + " tokens (+" +
@@ -258,7 +259,7 @@ class Engine {
     for (const Entry& e : entries_) {
       if (e.token < 0 || static_cast<std::size_t>(e.token) >= config_.vocab) {
         throw engine_error("token id " + std::to_string(e.token) + " is outside the vocabulary [0, " +
-                           std::to_string(config_.vocab) + ")");
+                           std::to_string(config_.vocab) + ") of " + model_->path());
       }
     }
     forward(columns);
@@ -351,36 +352,41 @@ class Engine {
   }
 
   // Attention of entry j in `layer`: softmax(q k / sqrt(d)) v over its allowed slots, in
-  // slot order; each entry on its own, so the result does not depend on the batch.
+  // slot order (the prefix [0, prefix), then the tree ancestors); each entry on its own, so
+  // the result does not depend on the batch.
   void attend(std::size_t layer, std::size_t j, std::size_t group, float scale) {
     const Config& c = config_;
     const Entry& e = entries_[j];
     const std::size_t hd = c.head_dim, kv_dim = c.kv_dim();
-    const std::size_t count = e.prefix + (e.extra_end - e.extra_begin);
-    const auto slot_at = [&](std::size_t t) {
-      return t < e.prefix ? t : extra_slots_[e.extra_begin + (t - e.prefix)];
-    };
+    const std::size_t extras = e.extra_end - e.extra_begin;
+    const std::size_t count = e.prefix + extras;
     const float* keys = keys_.data() + layer * capacity_ * kv_dim;
     const float* values = values_.data() + layer * capacity_ * kv_dim;
     for (std::size_t h = 0; h < c.heads; ++h) {
       const float* q = q_.data() + j * c.q_dim() + h * hd;
       const std::size_t offset = (h / group) * hd;
-      float maximum = -std::numeric_limits<float>::infinity();
-      for (std::size_t t = 0; t < count; ++t) {
-        const float s = kernels::dot(q, keys + slot_at(t) * kv_dim + offset, hd) * scale;
-        scores_[t] = s;
-        maximum = std::max(maximum, s);
+      kernels::attention_scores(q, keys + offset, kv_dim, e.prefix, hd, scale, scores_.data());
+      for (std::size_t x = 0; x < extras; ++x) {
+        const std::size_t slot = extra_slots_[e.extra_begin + x];
+        kernels::attention_scores(q, keys + slot * kv_dim + offset, kv_dim, 1, hd, scale,
+                                  scores_.data() + e.prefix + x);
       }
+      float maximum = -std::numeric_limits<float>::infinity();
+      for (std::size_t t = 0; t < count; ++t) maximum = std::max(maximum, scores_[t]);
       float sum = 0.0F;
       for (std::size_t t = 0; t < count; ++t) {
         scores_[t] = std::exp(scores_[t] - maximum);
         sum += scores_[t];
       }
       const float inverse = 1.0F / sum;
+      for (std::size_t t = 0; t < count; ++t) scores_[t] *= inverse;
       float* out = a_.data() + j * c.q_dim() + h * hd;
       std::fill_n(out, hd, 0.0F);
-      for (std::size_t t = 0; t < count; ++t) {
-        kernels::axpy(scores_[t] * inverse, values + slot_at(t) * kv_dim + offset, out, hd);
+      kernels::attention_values(scores_.data(), values + offset, kv_dim, e.prefix, hd, out);
+      for (std::size_t x = 0; x < extras; ++x) {
+        const std::size_t slot = extra_slots_[e.extra_begin + x];
+        kernels::attention_values(scores_.data() + e.prefix + x, values + slot * kv_dim + offset,
+                                  kv_dim, 1, hd, out);
       }
     }
   }

@@ -77,6 +77,17 @@ inline void axpy_portable(float alpha, const float* x, float* y, std::size_t n) 
   for (std::size_t k = 0; k < n; ++k) y[k] += alpha * x[k];
 }
 
+inline void scores_portable(const float* q, const float* keys, std::size_t stride,
+                            std::size_t count, std::size_t dim, float scale,
+                            float* scores) noexcept {
+  for (std::size_t t = 0; t < count; ++t) scores[t] = dot_portable(q, keys + t * stride, dim) * scale;
+}
+
+inline void values_portable(const float* weights, const float* values, std::size_t stride,
+                            std::size_t count, std::size_t dim, float* out) noexcept {
+  for (std::size_t t = 0; t < count; ++t) axpy_portable(weights[t], values + t * stride, out, dim);
+}
+
 // ---- AVX2 + FMA path ------------------------------------------------------------------
 
 #if LLAMA_KERNELS_X86
@@ -205,6 +216,37 @@ LLAMA_AVX2 inline void axpy_avx2(float alpha, const float* x, float* y, std::siz
   for (std::size_t k = vector_end; k < n; ++k) y[k] = std::fma(alpha, x[k], y[k]);
 }
 
+// Attention scores of one query against `count` keys (stride `stride` floats apart):
+// dot_avx2 per key, without a call per key.
+LLAMA_AVX2 inline void scores_avx2(const float* q, const float* keys, std::size_t stride,
+                                   std::size_t count, std::size_t dim, float scale,
+                                   float* scores) noexcept {
+  for (std::size_t t = 0; t < count; ++t) scores[t] = dot_avx2(q, keys + t * stride, dim) * scale;
+}
+
+// out += sum_t weights[t] values_t, key after key, with up to 64 output lanes held in
+// registers: the same fused multiply-adds, in the same order, as axpy_avx2 per key.
+LLAMA_AVX2 inline void values_avx2(const float* weights, const float* values, std::size_t stride,
+                                   std::size_t count, std::size_t dim, float* out) noexcept {
+  std::size_t d = 0;
+  for (; d + 64 <= dim; d += 64) {
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (std::size_t i = 0; i < 8; ++i) acc[i] = _mm256_loadu_ps(out + d + 8 * i);
+    for (std::size_t t = 0; t < count; ++t) {
+      const __m256 w = _mm256_set1_ps(weights[t]);
+      const float* v = values + t * stride + d;
+#pragma GCC unroll 8
+      for (std::size_t i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * i), acc[i]);
+    }
+#pragma GCC unroll 8
+    for (std::size_t i = 0; i < 8; ++i) _mm256_storeu_ps(out + d + 8 * i, acc[i]);
+  }
+  if (d < dim) {
+    for (std::size_t t = 0; t < count; ++t) axpy_avx2(weights[t], values + t * stride + d, out + d, dim - d);
+  }
+}
+
 #undef LLAMA_AVX2
 #endif  // LLAMA_KERNELS_X86
 
@@ -275,6 +317,32 @@ inline void axpy(float alpha, const float* x, float* y, std::size_t n) noexcept 
   }
 #endif
   detail::axpy_portable(alpha, x, y, n);
+}
+
+/// scores[t] = dot(q, key_t) * scale for the `count` keys at keys + t * stride.
+inline void attention_scores(const float* q, const float* keys, std::size_t stride,
+                             std::size_t count, std::size_t dim, float scale,
+                             float* scores) noexcept {
+#if LLAMA_KERNELS_X86
+  if (active() == isa::avx2) {
+    detail::scores_avx2(q, keys, stride, count, dim, scale, scores);
+    return;
+  }
+#endif
+  detail::scores_portable(q, keys, stride, count, dim, scale, scores);
+}
+
+/// out += sum_t weights[t] value_t over the `count` values at values + t * stride, in order
+/// of t (the result equals `count` calls of axpy).
+inline void attention_values(const float* weights, const float* values, std::size_t stride,
+                             std::size_t count, std::size_t dim, float* out) noexcept {
+#if LLAMA_KERNELS_X86
+  if (active() == isa::avx2) {
+    detail::values_avx2(weights, values, stride, count, dim, out);
+    return;
+  }
+#endif
+  detail::values_portable(weights, values, stride, count, dim, out);
 }
 
 }  // namespace llama::kernels
