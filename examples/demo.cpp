@@ -1,6 +1,8 @@
-// specdec demo: speculative decoding (Leviathan, Kalman, Matias 2023) on real text.
+// specdec demo: speculative decoding (Leviathan, Kalman, Matias 2023) on real models.
 //
-// A byte-level interpolated Kneser-Ney model of order 7 is the target M_p; a bigram (the
+// By default the demo runs a real transformer: the shipped llama pair in the example engine
+// (demo/llama_demo.hpp). With --kneser-ney it runs the n-gram mode below instead: a
+// byte-level interpolated Kneser-Ney model of order 7 is the target M_p; a bigram (the
 // same estimator at order 2) or one of specdec's proposal drafters is the draft. Both
 // models are trained at start-up on the repository's own text (or --corpus). The demo
 // generates with speculative sampling (Algorithm 1) and greedily, prints the paper's
@@ -28,11 +30,14 @@
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "demo/instruments.hpp"
 #include "demo/kneser_ney.hpp"
+#include "demo/llama_demo.hpp"
 #include "demo/options.hpp"
+#include "demo/report.hpp"
 #include "demo/trace.hpp"
 #include "specdec/analysis.hpp"
 #include "specdec/drafters/ngram.hpp"
@@ -48,82 +53,6 @@ namespace {
 
 using specdec::token_id;
 using namespace specdec_demo;  // NOLINT(google-build-using-namespace): the demo's own helpers
-
-// ---------------------------------------------------------------------------------------
-// Output: everything printed also goes into the optional HTML page.
-// ---------------------------------------------------------------------------------------
-
-__attribute__((format(printf, 1, 2))) std::string format(const char* pattern, ...) {
-  std::va_list arguments;
-  va_start(arguments, pattern);
-  std::array<char, 1024> buffer{};
-  const int length = std::vsnprintf(buffer.data(), buffer.size(), pattern, arguments);
-  va_end(arguments);
-  return std::string(buffer.data(),
-                     static_cast<std::size_t>(std::clamp(length, 0, int{buffer.size()} - 1)));
-}
-
-class Report {
- public:
-  explicit Report(TerminalStyle style) : style_(style) {}
-
-  [[nodiscard]] const TerminalStyle& style() const noexcept { return style_; }
-
-  void heading(const std::string& text) {
-    if (style_.colour) {
-      std::printf("\n\x1b[1m%s\x1b[0m\n", text.c_str());
-    } else {
-      std::printf("\n%s\n", text.c_str());
-    }
-    html_ += "<h2>" + html_escape(text) + "</h2>\n";
-  }
-
-  // A block of preformatted lines (tables, notes).
-  void block(const std::vector<std::string>& lines) {
-    html_ += "<pre>";
-    for (const auto& line : lines) {
-      std::printf("%s\n", line.c_str());
-      html_ += html_escape(line) + "\n";
-    }
-    html_ += "</pre>\n";
-  }
-
-  void trace(std::span<const token_id> prompt, std::span<const TraceStep> steps) {
-    std::printf("%s\n", trace_legend(style_).c_str());
-    print_trace(stdout, prompt, steps, style_);
-    html_ += trace_html(prompt, steps);
-  }
-
-  [[nodiscard]] std::string page() const {
-    return html_page("specdec demo: speculative decoding on real text",
-                     "<h1>specdec demo: speculative decoding on real text</h1>\n"
-                     "<p>Each line is one step of Algorithm 1 (one target call): "
-                     "<span class=\"accepted\">accepted drafts</span>, "
-                     "<span class=\"rejected\">the rejected draft</span>, "
-                     "<span class=\"correction\">the target's correction</span>, "
-                     "<span class=\"bonus\">the bonus token</span> after a fully accepted "
-                     "draft (Leviathan et al. 2023, Figure 1).</p>\n" +
-                         html_);
-  }
-
- private:
-  TerminalStyle style_;
-  std::string html_;
-};
-
-TerminalStyle terminal_style() {
-  TerminalStyle style;
-  const bool terminal = isatty(STDOUT_FILENO) != 0;
-  const char* no_colour = std::getenv("NO_COLOR");
-  const char* term = std::getenv("TERM");
-  style.colour = terminal && (no_colour == nullptr || *no_colour == '\0') &&
-                 !(term != nullptr && std::strcmp(term, "dumb") == 0);
-  winsize size{};
-  if (terminal && ioctl(STDOUT_FILENO, TIOCGWINSZ, &size) == 0 && size.ws_col >= 40) {
-    style.width = std::min<std::size_t>(size.ws_col, 160);
-  }
-  return style;
-}
 
 // ---------------------------------------------------------------------------------------
 // The corpus
@@ -282,12 +211,6 @@ struct TimingRecord {
   }
 };
 
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const std::size_t middle = values.size() / 2;
-  return values.size() % 2 == 1 ? values[middle] : 0.5 * (values[middle - 1] + values[middle]);
-}
-
 // Draft timing, for model drafts (Timed) and proposal drafters (TimedDrafter) alike.
 template <class Model>
 double draft_seconds(const Timed<Model>& draft) {
@@ -433,41 +356,6 @@ TimingRecord measure_wall_time(Target& target, Draft& draft, const Mode& mode, s
 // ---------------------------------------------------------------------------------------
 // Tables
 // ---------------------------------------------------------------------------------------
-
-std::string duration(double seconds) {
-  if (seconds < 1e-3) return format("%.1f us", seconds * 1e6);
-  if (seconds < 1.0) return format("%.2f ms", seconds * 1e3);
-  return format("%.2f s", seconds);
-}
-
-struct Table {
-  std::vector<std::string> header;
-  std::vector<std::vector<std::string>> rows;
-
-  [[nodiscard]] std::vector<std::string> lines() const {
-    std::vector<std::size_t> widths(header.size(), 0);
-    const auto measure = [&](const std::vector<std::string>& row) {
-      for (std::size_t i = 0; i < row.size() && i < widths.size(); ++i)
-        widths[i] = std::max(widths[i], row[i].size());
-    };
-    measure(header);
-    for (const auto& row : rows) measure(row);
-    const auto render = [&](const std::vector<std::string>& row) {
-      std::string line = "  ";
-      for (std::size_t i = 0; i < row.size(); ++i) {
-        const std::size_t pad = widths[i] - row[i].size();
-        line += i == 0 ? row[i] + std::string(pad, ' ') : std::string(pad + 3, ' ') + row[i];
-      }
-      return line;
-    };
-    std::vector<std::string> out = {render(header)};
-    std::size_t total = 2;
-    for (std::size_t i = 0; i < widths.size(); ++i) total += widths[i] + (i == 0 ? 0 : 3);
-    out.push_back("  " + std::string(total - 2, '-'));
-    for (const auto& row : rows) out.push_back(render(row));
-    return out;
-  }
-};
 
 // ---------------------------------------------------------------------------------------
 // The demo for one kind of draft
@@ -747,7 +635,8 @@ int run_demo(Setup& setup, Draft& draft, Report& report) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+// The byte-level Kneser-Ney demo (demo --kneser-ney ...).
+int kneser_ney_main(int argc, char** argv) {
   DemoOptions options;
   try {
     options = parse_options(argc, argv);
@@ -836,6 +725,35 @@ int main(int argc, char** argv) {
       }
     }
     return status;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "demo: %s\n", e.what());
+    return 1;
+  }
+}
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  const auto mode = std::find(args.begin(), args.end(), "--kneser-ney");
+  if (mode != args.end()) {  // the n-gram demo, with the remaining options
+    std::vector<char*> rest = {argv[0]};
+    for (int i = 1; i < argc; ++i) {
+      if (std::string_view(argv[i]) != "--kneser-ney") rest.push_back(argv[i]);
+    }
+    return kneser_ney_main(static_cast<int>(rest.size()), rest.data());
+  }
+  LlamaDemoOptions options;
+  try {
+    options = parse_llama_options(args);
+  } catch (const usage_error& e) {
+    std::fprintf(stderr, "demo: %s (see --help)\n", e.what());
+    return 2;
+  }
+  if (options.help) {
+    std::fputs(llama_help_text.data(), stdout);
+    return 0;
+  }
+  try {
+    return run_llama_demo(options);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "demo: %s\n", e.what());
     return 1;

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdio>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -45,6 +46,48 @@ inline std::size_t printable_width(token_id token) {
   return 4;
 }
 
+/// How a trace shows tokens: `text(token)` gives the visible text of one token (one line
+/// per step, so newlines and tabs must come out as symbols). Byte-level models use
+/// printable(); the llama demo shows token pieces. Widths are counted in UTF-8 code points.
+struct TokenText {
+  std::function<std::string(token_id)> text = [](token_id t) { return printable(t); };
+};
+
+/// Terminal columns of a UTF-8 string (code points; every character one column).
+inline std::size_t display_width(const std::string& text) {
+  std::size_t width = 0;
+  for (const char c : text) width += (static_cast<unsigned char>(c) & 0xC0U) != 0x80U ? 1 : 0;
+  return width;
+}
+
+/// A token piece as the trace prints it: newline and tab as symbols, other control bytes
+/// and bytes that do not form valid UTF-8 as \xHH.
+inline std::string visible_piece(const std::string& piece) {
+  std::string out;
+  for (std::size_t i = 0; i < piece.size();) {
+    const auto byte = static_cast<unsigned char>(piece[i]);
+    std::size_t length = 1;
+    if (byte >= 0xC0 && byte < 0xE0) length = 2;
+    if (byte >= 0xE0 && byte < 0xF0) length = 3;
+    if (byte >= 0xF0 && byte < 0xF8) length = 4;
+    bool valid = byte < 0x80 || (length > 1 && i + length <= piece.size());
+    for (std::size_t k = 1; valid && k < length; ++k)
+      valid = (static_cast<unsigned char>(piece[i + k]) & 0xC0U) == 0x80U;
+    if (byte == '\n') {
+      out += "\u21b5";
+    } else if (byte == '\t') {
+      out += "\u21e5";
+    } else if (byte < 0x20 || byte == 0x7f || !valid) {
+      out += printable(static_cast<token_id>(byte));
+      length = 1;
+    } else {
+      out += piece.substr(i, length);
+    }
+    i += valid ? length : 1;
+  }
+  return out;
+}
+
 inline std::string html_escape(const std::string& text) {
   std::string out;
   for (const char c : text) {
@@ -75,32 +118,33 @@ struct TerminalStyle {
 
 namespace detail {
 
-inline std::string printable(std::span<const token_id> tokens) {
+inline std::string printable(std::span<const token_id> tokens, const TokenText& shown) {
   std::string text;
-  for (const token_id t : tokens) text += specdec_demo::printable(t);
+  for (const token_id t : tokens) text += shown.text(t);
   return text;
 }
 
-inline std::size_t printable_width(std::span<const token_id> tokens) {
+inline std::size_t printable_width(std::span<const token_id> tokens, const TokenText& shown) {
   std::size_t width = 0;
-  for (const token_id t : tokens) width += specdec_demo::printable_width(t);
+  for (const token_id t : tokens) width += display_width(shown.text(t));
   return width;
 }
 
 // The last tokens of `text` that fit into `columns`, prefixed with "…" if cut.
-inline std::string tail(std::span<const token_id> text, std::size_t columns) {
+inline std::string tail(std::span<const token_id> text, std::size_t columns,
+                        const TokenText& shown) {
   std::size_t used = 0;
   std::size_t first = text.size();
-  while (first > 0 && used + specdec_demo::printable_width(text[first - 1]) <= columns) {
-    used += specdec_demo::printable_width(text[first - 1]);
+  while (first > 0 && used + display_width(shown.text(text[first - 1])) <= columns) {
+    used += display_width(shown.text(text[first - 1]));
     --first;
   }
   std::string out = first > 0 ? "\u2026" : "";
   if (first > 0 && first < text.size()) {
-    used -= specdec_demo::printable_width(text[first]);  // make room for the ellipsis
+    used -= display_width(shown.text(text[first]));  // make room for the ellipsis
     ++first;
   }
-  return out + printable(text.subspan(first));
+  return out + printable(text.subspan(first), shown);
 }
 
 }  // namespace detail
@@ -119,16 +163,16 @@ inline std::string trace_legend(const TerminalStyle& style) {
 /// Prints one line per step: step number, the tail of the text before the step (dim),
 /// then the step's tokens.
 inline void print_trace(std::FILE* out, std::span<const token_id> prompt,
-                        std::span<const TraceStep> steps, const TerminalStyle& style) {
+                        std::span<const TraceStep> steps, const TerminalStyle& style,
+                        const TokenText& shown = {}) {
   std::vector<token_id> text(prompt.begin(), prompt.end());
   for (std::size_t s = 0; s < steps.size(); ++s) {
     const TraceStep& step = steps[s];
-    const std::string accepted = detail::printable(step.accepted);
-    const std::string rejected = step.rejected ? specdec_demo::printable(*step.rejected) : "";
-    const std::string token = step.token ? specdec_demo::printable(*step.token) : "";
-    std::size_t added_width = detail::printable_width(step.accepted) +
-                              (step.rejected ? specdec_demo::printable_width(*step.rejected) : 0) +
-                              (step.token ? specdec_demo::printable_width(*step.token) : 0);
+    const std::string accepted = detail::printable(step.accepted, shown);
+    const std::string rejected = step.rejected ? shown.text(*step.rejected) : "";
+    const std::string token = step.token ? shown.text(*step.token) : "";
+    std::size_t added_width = detail::printable_width(step.accepted, shown) +
+                              display_width(rejected) + display_width(token);
     std::string added;
     if (style.colour) {
       if (!accepted.empty()) added += "\x1b[32;4m" + accepted + "\x1b[0m";
@@ -150,7 +194,7 @@ inline void print_trace(std::FILE* out, std::span<const token_id> prompt,
     const std::size_t context_columns = style.width > prefix_width + added_width + 10
                                             ? style.width - prefix_width - added_width
                                             : 10;
-    const std::string context = detail::tail(text, context_columns);
+    const std::string context = detail::tail(text, context_columns, shown);
     if (style.colour) {
       std::fprintf(out, "%3zu  \x1b[2m%s\x1b[0m%s\n", s + 1, context.c_str(), added.c_str());
     } else {
@@ -162,23 +206,23 @@ inline void print_trace(std::FILE* out, std::span<const token_id> prompt,
 }
 
 /// The same trace as HTML: every line shows the whole text so far, as Figure 1 does.
-inline std::string trace_html(std::span<const token_id> prompt, std::span<const TraceStep> steps) {
+inline std::string trace_html(std::span<const token_id> prompt, std::span<const TraceStep> steps,
+                              const TokenText& shown = {}) {
   std::string html = "<ol class=\"trace\">\n";
-  std::string context = html_escape(detail::printable(prompt));
+  std::string context = html_escape(detail::printable(prompt, shown));
   for (const TraceStep& step : steps) {
     std::string added;
     if (!step.accepted.empty())
-      added +=
-          "<span class=\"accepted\">" + html_escape(detail::printable(step.accepted)) + "</span>";
-    if (step.rejected)
-      added += "<span class=\"rejected\">" + html_escape(specdec_demo::printable(*step.rejected)) +
+      added += "<span class=\"accepted\">" + html_escape(detail::printable(step.accepted, shown)) +
                "</span>";
+    if (step.rejected)
+      added += "<span class=\"rejected\">" + html_escape(shown.text(*step.rejected)) + "</span>";
     if (step.token)
       added += std::string("<span class=\"") + (step.bonus ? "bonus" : "correction") + "\">" +
-               html_escape(specdec_demo::printable(*step.token)) + "</span>";
+               html_escape(shown.text(*step.token)) + "</span>";
     html += "<li><span class=\"context\">" + context + "</span>" + added + "</li>\n";
-    context += html_escape(detail::printable(step.accepted));
-    if (step.token) context += html_escape(specdec_demo::printable(*step.token));
+    context += html_escape(detail::printable(step.accepted, shown));
+    if (step.token) context += html_escape(shown.text(*step.token));
   }
   html += "</ol>\n";
   return html;

@@ -38,18 +38,24 @@ enum class drafter_kind {
 
 [[nodiscard]] inline std::string_view to_string(drafter_kind kind) noexcept {
   switch (kind) {
-    case drafter_kind::model: return "model";
-    case drafter_kind::ngram: return "ngram";
-    case drafter_kind::prompt_lookup: return "prompt-lookup";
-    case drafter_kind::tree: return "tree";
-    case drafter_kind::controller: return "controller";
+    case drafter_kind::model:
+      return "model";
+    case drafter_kind::ngram:
+      return "ngram";
+    case drafter_kind::prompt_lookup:
+      return "prompt-lookup";
+    case drafter_kind::tree:
+      return "tree";
+    case drafter_kind::controller:
+      return "controller";
   }
   return "unknown";
 }
 
 [[nodiscard]] inline std::optional<drafter_kind> parse_drafter(std::string_view name) noexcept {
-  for (const drafter_kind kind : {drafter_kind::model, drafter_kind::ngram, drafter_kind::prompt_lookup,
-                                  drafter_kind::tree, drafter_kind::controller}) {
+  for (const drafter_kind kind :
+       {drafter_kind::model, drafter_kind::ngram, drafter_kind::prompt_lookup, drafter_kind::tree,
+        drafter_kind::controller}) {
     if (name == to_string(kind)) return kind;
   }
   return std::nullopt;
@@ -64,16 +70,15 @@ enum class drafter_kind {
 /// The default token tree of the tree drafter: a chain of four with a second candidate for
 /// each of the first two tokens (7 draft nodes, one target pass of 8 positions).
 [[nodiscard]] inline specdec::TreeShape default_tree_shape() {
-  return specdec::TreeShape::from_parents(
-      {specdec::TreeShape::npos, 0, 0, 1, 1, 3, 5, 6});
+  return specdec::TreeShape::from_parents({specdec::TreeShape::npos, 0, 0, 1, 1, 3, 5, 6});
 }
 
 struct RunOptions {
   specdec::SamplingOptions sampling{};  ///< temperature 0: greedy
   std::size_t max_new_tokens = 128;
   std::uint64_t seed = 0;
-  std::size_t gamma = 4;                ///< drafts per step (model, ngram, prompt lookup)
-  std::size_t max_gamma = 12;           ///< the controller's search range
+  std::size_t gamma = 4;       ///< drafts per step (model, ngram, prompt lookup)
+  std::size_t max_gamma = 12;  ///< the controller's search range
   specdec::TreeShape tree_shape = default_tree_shape();
   std::vector<specdec::token_id> stop_tokens{};
   std::function<void(const specdec::EmittedToken&)> on_token{};
@@ -111,8 +116,8 @@ inline RunResult generate_plain(Engine& target, std::span<const specdec::token_i
     const std::span<const float> logits = target.next_token_logits(context);
     specdec::token_id next = 0;
     if (options.sampling.greedy()) {
-      next = static_cast<specdec::token_id>(
-          std::max_element(logits.begin(), logits.end()) - logits.begin());
+      next = static_cast<specdec::token_id>(std::max_element(logits.begin(), logits.end()) -
+                                            logits.begin());
     } else {
       standardizer.apply_logits(logits, std::span<float>(row));
       next = specdec::sample_from_row(std::span<const float>(row), g);
@@ -128,9 +133,59 @@ inline RunResult generate_plain(Engine& target, std::span<const specdec::token_i
       break;
     }
   }
-  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  result.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   result.target = target.counters();
   return result;
+}
+
+/// Seconds per call of the three operations Theorem 3.8 is built from, each the median of
+/// `calls` calls at `context`: one target position, the target's batched call of gamma + 1
+/// positions (what a decoding step costs: the previous step's token and gamma drafts), one
+/// draft position. Calls alternate between two last tokens, so each one rolls the cache
+/// back one position and evaluates new positions, as decoding does.
+struct Costs {
+  double target_single = 0.0;
+  double target_batched = 0.0;
+  double draft_single = 0.0;
+  /// c of Definition 3.7: one draft position over one target position.
+  [[nodiscard]] double c() const { return draft_single / target_single; }
+  /// The batched target call over a single-position call (Theorem 3.8 assumes 1).
+  [[nodiscard]] double batched_ratio() const { return target_batched / target_single; }
+};
+
+inline Costs measure_costs(Engine& target, Engine& draft,
+                           std::span<const specdec::token_id> context, std::size_t gamma,
+                           std::size_t calls = 31) {
+  std::vector<specdec::token_id> a(context.begin(), context.end());
+  std::vector<specdec::token_id> b = a;
+  b.back() = a.back() == 3 ? 4 : 3;
+  const std::vector<specdec::token_id> drafts(gamma, a.back());
+  const auto timed = [&](auto&& call) {
+    std::vector<double> seconds;
+    call(b);  // warm: the cache holds everything before the last position
+    for (std::size_t i = 0; i < calls; ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      call(i % 2 == 0 ? a : b);
+      seconds.push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+    std::nth_element(seconds.begin(), seconds.begin() + static_cast<std::ptrdiff_t>(calls / 2),
+                     seconds.end());
+    return seconds[calls / 2];
+  };
+  Costs costs;
+  target.reset();
+  draft.reset();
+  costs.target_single =
+      timed([&](const std::vector<specdec::token_id>& c) { (void)target.next_token_logits(c); });
+  costs.target_batched = timed(
+      [&](const std::vector<specdec::token_id>& c) { (void)target.score_draft_logits(c, drafts); });
+  costs.draft_single =
+      timed([&](const std::vector<specdec::token_id>& c) { (void)draft.next_token_logits(c); });
+  target.reset();
+  draft.reset();
+  return costs;
 }
 
 namespace detail {
@@ -152,7 +207,8 @@ RunResult run_decoder(Engine& target_engine, Engine* draft_engine, Target& targe
   const auto started = std::chrono::steady_clock::now();
   specdec::SpeculativeDecoder decoder(target, draft, std::move(decoder_options));
   auto generated = decoder.generate(prompt, options.max_new_tokens, options.seed);
-  result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  result.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   result.tokens = std::move(generated.tokens);
   result.stop = generated.stop;
   result.statistics = std::move(generated.statistics);

@@ -80,7 +80,8 @@ inline void axpy_portable(float alpha, const float* x, float* y, std::size_t n) 
 inline void scores_portable(const float* q, const float* keys, std::size_t stride,
                             std::size_t count, std::size_t dim, float scale,
                             float* scores) noexcept {
-  for (std::size_t t = 0; t < count; ++t) scores[t] = dot_portable(q, keys + t * stride, dim) * scale;
+  for (std::size_t t = 0; t < count; ++t)
+    scores[t] = dot_portable(q, keys + t * stride, dim) * scale;
 }
 
 inline void values_portable(const float* weights, const float* values, std::size_t stride,
@@ -159,9 +160,9 @@ LLAMA_AVX2 inline void tile_avx2(const float* w, std::size_t cols, const float* 
 
 // Rows [0, rows) of the product for C columns: tiles of R rows, then single rows.
 template <std::size_t R, std::size_t C>
-LLAMA_AVX2 inline void rows_avx2(const float* w, std::size_t rows, std::size_t cols,
-                                 const float* x, std::size_t x_stride, float* y,
-                                 std::size_t y_stride, std::size_t prefetch) noexcept {
+LLAMA_AVX2 inline void rows_avx2(const float* w, std::size_t rows, std::size_t cols, const float* x,
+                                 std::size_t x_stride, float* y, std::size_t y_stride,
+                                 std::size_t prefetch) noexcept {
   std::size_t o = 0;
   for (; o + R <= rows; o += R) {
     tile_avx2<R, C>(w + o * cols, cols, x, x_stride, y + o, y_stride, prefetch);
@@ -173,14 +174,30 @@ LLAMA_AVX2 inline void columns_avx2(std::size_t c, const float* w, std::size_t r
                                     std::size_t cols, const float* x, std::size_t x_stride,
                                     float* y, std::size_t y_stride, std::size_t p) noexcept {
   switch (c) {
-    case 1: rows_avx2<8, 1>(w, rows, cols, x, x_stride, y, y_stride, p); break;
-    case 2: rows_avx2<4, 2>(w, rows, cols, x, x_stride, y, y_stride, p); break;
-    case 3: rows_avx2<3, 3>(w, rows, cols, x, x_stride, y, y_stride, p); break;
-    case 4: rows_avx2<3, 4>(w, rows, cols, x, x_stride, y, y_stride, p); break;
-    case 5: rows_avx2<2, 5>(w, rows, cols, x, x_stride, y, y_stride, p); break;
-    case 6: rows_avx2<2, 6>(w, rows, cols, x, x_stride, y, y_stride, p); break;
-    case 7: rows_avx2<1, 7>(w, rows, cols, x, x_stride, y, y_stride, p); break;
-    default: rows_avx2<1, 8>(w, rows, cols, x, x_stride, y, y_stride, p); break;
+    case 1:
+      rows_avx2<8, 1>(w, rows, cols, x, x_stride, y, y_stride, p);
+      break;
+    case 2:
+      rows_avx2<4, 2>(w, rows, cols, x, x_stride, y, y_stride, p);
+      break;
+    case 3:
+      rows_avx2<3, 3>(w, rows, cols, x, x_stride, y, y_stride, p);
+      break;
+    case 4:
+      rows_avx2<3, 4>(w, rows, cols, x, x_stride, y, y_stride, p);
+      break;
+    case 5:
+      rows_avx2<2, 5>(w, rows, cols, x, x_stride, y, y_stride, p);
+      break;
+    case 6:
+      rows_avx2<2, 6>(w, rows, cols, x, x_stride, y, y_stride, p);
+      break;
+    case 7:
+      rows_avx2<1, 7>(w, rows, cols, x, x_stride, y, y_stride, p);
+      break;
+    default:
+      rows_avx2<1, 8>(w, rows, cols, x, x_stride, y, y_stride, p);
+      break;
   }
 }
 
@@ -237,13 +254,15 @@ LLAMA_AVX2 inline void values_avx2(const float* weights, const float* values, st
       const __m256 w = _mm256_set1_ps(weights[t]);
       const float* v = values + t * stride + d;
 #pragma GCC unroll 8
-      for (std::size_t i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * i), acc[i]);
+      for (std::size_t i = 0; i < 8; ++i)
+        acc[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(v + 8 * i), acc[i]);
     }
 #pragma GCC unroll 8
     for (std::size_t i = 0; i < 8; ++i) _mm256_storeu_ps(out + d + 8 * i, acc[i]);
   }
   if (d < dim) {
-    for (std::size_t t = 0; t < count; ++t) axpy_avx2(weights[t], values + t * stride + d, out + d, dim - d);
+    for (std::size_t t = 0; t < count; ++t)
+      axpy_avx2(weights[t], values + t * stride + d, out + d, dim - d);
   }
 }
 
@@ -276,7 +295,9 @@ inline isa& active_path() noexcept {
 }  // namespace detail
 
 /// The path in use: AVX2+FMA where the CPU has both, unless LLAMA_KERNELS=portable.
-[[nodiscard]] inline isa active() noexcept { return detail::active_path(); }
+[[nodiscard]] inline isa active() noexcept {
+  return detail::active_path();
+}
 
 /// Selects a path (tests run every path this way). Returns false, changing nothing, if the
 /// CPU cannot run it. Not thread-safe: call it before any engine computes.

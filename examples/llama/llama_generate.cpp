@@ -176,7 +176,8 @@ Arguments parse(int argc, char** argv) {
     a.model = models + "/target.gguf";
     if (!a.draft_given) a.draft = models + "/draft.gguf";
   }
-  if (a.plain && (a.drafter || a.draft_given)) usage_error("--plain takes no draft model or drafter");
+  if (a.plain && (a.drafter || a.draft_given))
+    usage_error("--plain takes no draft model or drafter");
   if (!a.drafter) {
     a.drafter = a.draft.empty() ? llama::drafter_kind::prompt_lookup : llama::drafter_kind::model;
   }
@@ -306,11 +307,12 @@ int main(int argc, char** argv) {
     }
     if (a.stats) {
       const auto& s = result.statistics;
-      std::fprintf(stderr, "mode: %s\n",
-                   a.plain ? "plain" : ("speculative, drafter " +
-                                        std::string(llama::to_string(*a.drafter))).c_str());
-      std::fprintf(stderr, "tokens: %zu in %.3f s: %.1f tokens/s (stop: %s)\n", result.tokens.size(),
-                   result.seconds, result.tokens_per_second(),
+      std::fprintf(
+          stderr, "mode: %s\n",
+          a.plain ? "plain"
+                  : ("speculative, drafter " + std::string(llama::to_string(*a.drafter))).c_str());
+      std::fprintf(stderr, "tokens: %zu in %.3f s: %.1f tokens/s (stop: %s)\n",
+                   result.tokens.size(), result.seconds, result.tokens_per_second(),
                    std::string(specdec::to_string(result.stop)).c_str());
       std::fprintf(stderr, "target: %zu forward passes, %.2f tokens per target call\n",
                    result.target.forward_passes,

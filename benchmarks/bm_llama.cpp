@@ -1,0 +1,263 @@
+// Speculative decoding of a real transformer: the shipped llama pair (examples/llama/models)
+// in the example engine (examples/llama), on this machine.
+//
+// BM_Forward/<model>/<b>: one forward pass of b new positions at context 128 (b = 1: what
+//   plain decoding costs per token; b = gamma + 1: what one speculative step costs the
+//   target). Time per pass. Counters, all ratios of medians measured interleaved in the
+//   same loop:
+//     vs_one_position  this pass / a pass of 1 position (Theorem 3.8 assumes 1)
+//     vs_weight_read   this pass / a pure streaming read of the model's F32 weights (the
+//                      bytes one pass must touch: the memory-bound floor)
+// BM_Generate/<drafter>/<T0|T1>: generation of 128 tokens after a fixed prompt (no stop
+//   token), plain and speculative runs alternating, one of each per iteration. The time is
+//   the speculative run's. Counters:
+//     tokens_per_s, plain_tokens_per_s   of the speculative and the plain runs (medians)
+//     speedup                            median plain time / median speculative time
+//     tokens_per_call                    emitted tokens per target forward pass
+//     accepted_per_drafted, alpha        accepted / drafted; mean beta (Cor. 3.6)
+//     c, batched_ratio                   measured at context 128 (llama::measure_costs): one
+//                                        draft position / one target position; the target's
+//                                        gamma + 1 = 5 position pass / one position
+//     predicted                          Theorem 3.8 charged with the measured batched call:
+//                                        E[tokens](alpha, gamma) / (gamma c + batched_ratio)
+//                                        (chain drafters with a fixed gamma: model, ngram,
+//                                        prompt lookup; the proposal drafters' c is 0)
+//     predicted_from_tokens              the same cost model with the measured tokens per
+//                                        step instead of Eq. 1 (isolates the cost model from
+//                                        the i.i.d. assumption)
+// Run it with --benchmark_min_time=<seconds> for more iterations; scripts/test.sh smoke-runs
+// it with one.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#endif
+
+#include "llama/generate.hpp"
+#include "specdec/analysis.hpp"
+
+namespace {
+
+using specdec::token_id;
+using clock_type = std::chrono::steady_clock;
+
+constexpr std::size_t gamma = 4;
+// 128 new tokens and a context of 128 for the forward passes, or less where the model's
+// context is shorter (tokens() and forward_context() below).
+constexpr std::size_t wanted_tokens = 128;
+
+const char* const prompt_text =
+    "class Stack:\n"
+    "    \"\"\"A last-in, first-out stack of items.\"\"\"\n"
+    "\n"
+    "    def __init__(self):\n"
+    "        self.items = []\n"
+    "\n"
+    "    def push(self, item):\n";
+
+double seconds_since(clock_type::time_point start) {
+  return std::chrono::duration<double>(clock_type::now() - start).count();
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const std::size_t middle = values.size() / 2;
+  return values.size() % 2 == 1 ? values[middle] : 0.5 * (values[middle - 1] + values[middle]);
+}
+
+struct Pair {
+  llama::Model target_model{std::string(SPECDEC_LLAMA_MODELS) + "/target.gguf"};
+  llama::Model draft_model{std::string(SPECDEC_LLAMA_MODELS) + "/draft.gguf"};
+  llama::Engine target{target_model};
+  llama::Engine draft{draft_model};
+  std::vector<token_id> prompt = target_model.tokenizer().encode(prompt_text);
+  std::vector<token_id> context;  // the prompt and a greedy continuation
+  std::size_t new_tokens = 0;     // per generation
+  llama::Costs costs;
+
+  Pair() {
+    llama::check_pair(target_model, draft_model);
+    const std::size_t capacity = std::min(target.capacity(), draft.capacity());
+    new_tokens = std::min(wanted_tokens, capacity - prompt.size() - gamma - 2);
+    const std::size_t forward_context = std::min<std::size_t>(128, capacity / 2);
+    llama::RunOptions greedy;
+    greedy.sampling.temperature = 0.0;
+    greedy.max_new_tokens = forward_context > prompt.size() ? forward_context - prompt.size() : 1;
+    const auto run = llama::generate_plain(target, prompt, greedy);
+    context = prompt;
+    context.insert(context.end(), run.tokens.begin(), run.tokens.end());
+    context.resize(std::min(context.size(), forward_context));
+    costs = llama::measure_costs(target, draft, context, gamma);
+  }
+};
+
+Pair& pair() {
+  static Pair instance;
+  return instance;
+}
+
+// Reads every weight matrix of `model` once, as fast as this core can (integer OR of
+// 256-bit loads: no arithmetic dependency), and returns a value that depends on all of it.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+__attribute__((target("avx2"))) unsigned read_floats_avx2(const float* data, std::size_t n) {
+  __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    a = _mm256_or_si256(a, _mm256_castps_si256(_mm256_loadu_ps(data + i)));
+    b = _mm256_or_si256(b, _mm256_castps_si256(_mm256_loadu_ps(data + i + 8)));
+    c = _mm256_or_si256(c, _mm256_castps_si256(_mm256_loadu_ps(data + i + 16)));
+    d = _mm256_or_si256(d, _mm256_castps_si256(_mm256_loadu_ps(data + i + 24)));
+  }
+  const __m256i all = _mm256_or_si256(_mm256_or_si256(a, b), _mm256_or_si256(c, d));
+  unsigned out = static_cast<unsigned>(_mm256_extract_epi32(all, 0)) |
+                 static_cast<unsigned>(_mm256_extract_epi32(all, 5));
+  for (; i < n; ++i) out |= static_cast<unsigned>(data[i] != 0.0F);
+  return out;
+}
+#endif
+
+unsigned read_floats(const float* data, std::size_t n) {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  if (llama::kernels::active() == llama::kernels::isa::avx2) return read_floats_avx2(data, n);
+#endif
+  unsigned out = 0;
+  for (std::size_t i = 0; i < n; ++i) out |= static_cast<unsigned>(data[i] != 0.0F);
+  return out;
+}
+
+unsigned read_weights(const llama::Model& model) {
+  unsigned out = read_floats(model.output().data.data(), model.output().data.size());
+  for (const llama::Layer& l : model.layers()) {
+    for (const llama::Matrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) {
+      out |= read_floats(m->data.data(), m->data.size());
+    }
+  }
+  return out;
+}
+
+// ---- one forward pass of b positions ----------------------------------------------------
+
+void BM_Forward(benchmark::State& state, bool of_target) {
+  Pair& p = pair();
+  llama::Engine& engine = of_target ? p.target : p.draft;
+  const llama::Model& model = of_target ? p.target_model : p.draft_model;
+  const auto b = static_cast<std::size_t>(state.range(0));
+  std::vector<token_id> a = p.context;
+  std::vector<token_id> other = p.context;
+  other.back() = a.back() == 3 ? 4 : 3;  // alternate: every call evaluates new positions
+  const std::vector<token_id> drafts(b - 1, a.back());
+  const std::vector<token_id> none;
+  engine.reset();
+  (void)engine.next_token_logits(other);
+  std::vector<double> pass, single, read;
+  std::size_t i = 0;
+  for (auto _ : state) {
+    const std::vector<token_id>& context = (i++ % 2 == 0) ? a : other;
+    auto start = clock_type::now();
+    benchmark::DoNotOptimize(engine.score_draft_logits(context, drafts).data());
+    const double seconds = seconds_since(start);
+    state.SetIterationTime(seconds);
+    pass.push_back(seconds);
+    start = clock_type::now();
+    benchmark::DoNotOptimize(engine.score_draft_logits(context == a ? other : a, none).data());
+    single.push_back(seconds_since(start));
+    start = clock_type::now();
+    benchmark::DoNotOptimize(read_weights(model));
+    read.push_back(seconds_since(start));
+  }
+  state.counters["vs_one_position"] = median(pass) / median(single);
+  state.counters["vs_weight_read"] = median(pass) / median(read);
+  state.counters["weight_MB"] = static_cast<double>(model.streamed_bytes()) / 1e6;
+  state.SetLabel(of_target ? "target" : "draft");
+}
+
+// ---- generation, plain vs speculative ---------------------------------------------------
+
+void BM_Generate(benchmark::State& state, llama::drafter_kind kind, double temperature) {
+  Pair& p = pair();
+  llama::RunOptions options;
+  options.sampling.temperature = temperature;
+  options.max_new_tokens = p.new_tokens;
+  options.gamma = gamma;
+  std::vector<double> plain, speculative;
+  specdec::DecoderStatistics total;
+  std::uint64_t seed = 1;
+  bool identical = true;
+  for (auto _ : state) {
+    options.seed = seed++;
+    const bool plain_first = seed % 2 == 0;
+    llama::RunResult plain_run, speculative_run;
+    if (plain_first) plain_run = llama::generate_plain(p.target, p.prompt, options);
+    speculative_run = llama::generate_speculative(p.target, &p.draft, kind, p.prompt, options);
+    if (!plain_first) plain_run = llama::generate_plain(p.target, p.prompt, options);
+    state.SetIterationTime(speculative_run.seconds);
+    plain.push_back(plain_run.seconds);
+    speculative.push_back(speculative_run.seconds);
+    if (temperature == 0.0) identical = identical && plain_run.tokens == speculative_run.tokens;
+    const auto& s = speculative_run.statistics;
+    total.steps += s.steps;
+    total.drafted_tokens += s.drafted_tokens;
+    total.accepted_tokens += s.accepted_tokens;
+    total.emitted_tokens += s.emitted_tokens;
+    total.beta_sum += s.beta_sum;
+    total.beta_positions += s.beta_positions;
+    total.target_calls += speculative_run.target.forward_passes;
+  }
+  if (!identical) state.SkipWithError("greedy speculative output differs from plain greedy output");
+  const double tokens = static_cast<double>(p.new_tokens);
+  state.counters["tokens_per_s"] = tokens / median(speculative);
+  state.counters["plain_tokens_per_s"] = tokens / median(plain);
+  state.counters["speedup"] = median(plain) / median(speculative);
+  state.counters["tokens_per_call"] =
+      static_cast<double>(total.emitted_tokens) / static_cast<double>(total.target_calls);
+  state.counters["accepted_per_drafted"] = total.acceptance_rate();
+  const double alpha = std::clamp(total.mean_beta(), 0.0, 1.0);
+  if (total.beta_positions > 0) state.counters["alpha"] = alpha;
+  const bool chain = kind == llama::drafter_kind::model || kind == llama::drafter_kind::ngram ||
+                     kind == llama::drafter_kind::prompt_lookup;
+  if (chain) {
+    const double c = kind == llama::drafter_kind::model ? p.costs.c() : 0.0;
+    const double per_step = static_cast<double>(gamma) * c + p.costs.batched_ratio();
+    state.counters["c"] = c;
+    state.counters["batched_ratio"] = p.costs.batched_ratio();
+    state.counters["predicted"] = specdec::expected_tokens_per_step(alpha, gamma) / per_step;
+    state.counters["predicted_from_tokens"] = total.tokens_per_step() / per_step;
+  }
+  state.SetLabel(std::string(llama::to_string(kind)) +
+                 (temperature == 0.0 ? ", T = 0" : ", T = 1"));
+}
+
+void register_benchmarks() {
+  for (const bool of_target : {true, false}) {
+    auto* b = benchmark::RegisterBenchmark(of_target ? "BM_Forward/target" : "BM_Forward/draft",
+                                           BM_Forward, of_target);
+    for (const int width : {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16}) b->Arg(width);
+    b->UseManualTime()->Unit(benchmark::kMicrosecond);
+  }
+  for (const double temperature : {0.0, 1.0}) {
+    for (const llama::drafter_kind kind :
+         {llama::drafter_kind::model, llama::drafter_kind::ngram,
+          llama::drafter_kind::prompt_lookup, llama::drafter_kind::tree,
+          llama::drafter_kind::controller}) {
+      const std::string name = "BM_Generate/" + std::string(llama::to_string(kind)) +
+                               (temperature == 0.0 ? "/T0" : "/T1");
+      benchmark::RegisterBenchmark(name.c_str(), BM_Generate, kind, temperature)
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+}
+
+[[maybe_unused]] const bool registered = (register_benchmarks(), true);
+
+}  // namespace
