@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Builds and runs the specdec demo, then renders the acceptance-rate plots.
+# Builds and runs the specdec demo (by default: speculative decoding of the shipped llama
+# model pair in the example engine, examples/llama; --kneser-ney: the byte-level n-gram
+# mode), then renders the acceptance-rate plots.
 # Installs missing dependencies on Debian first: a C++20 compiler, CMake, Ninja and Eigen
 # are required; gnuplot (the PNGs) and Google Benchmark (measured points on the plots)
 # are optional: without them the demo still runs and says what was skipped. Arguments
