@@ -135,8 +135,12 @@ class Engine {
     cached_ = std::min(n, cached_ + tree_slots_);
     tree_slots_ = 0;
   }
-  /// Stages `tokens` at the next positions.
+  /// Stages `tokens` at the next positions. Tree slots still held here are an accepted path
+  /// that was the whole tree and already in place (CachedContext then calls neither truncate
+  /// nor keep_tree_path): they are cached positions now, and `tokens` go after them.
   void append(std::span<const specdec::token_id> tokens) {
+    cached_ += tree_slots_;
+    tree_slots_ = 0;
     pending_.insert(pending_.end(), tokens.begin(), tokens.end());
   }
   /// Stages the nodes of `tree` past the root: node i at slot base + i - 1 and position
@@ -342,10 +346,7 @@ class Engine {
       }
       kernels::matmul(w.gate.data.data(), ffn, dim, h_.data(), dim, columns, gate_.data(), ffn);
       kernels::matmul(w.up.data.data(), ffn, dim, h_.data(), dim, columns, up_.data(), ffn);
-      for (std::size_t i = 0; i < columns * ffn; ++i) {
-        const float g = gate_[i];
-        gate_[i] = g / (1.0F + std::exp(-g)) * up_[i];
-      }
+      kernels::silu_mul(gate_.data(), up_.data(), columns * ffn);
       kernels::matmul(w.down.data.data(), dim, ffn, gate_.data(), ffn, columns, t_.data(), dim);
       for (std::size_t i = 0; i < columns * dim; ++i) x_[i] += t_[i];
     }
@@ -373,11 +374,9 @@ class Engine {
       }
       float maximum = -std::numeric_limits<float>::infinity();
       for (std::size_t t = 0; t < count; ++t) maximum = std::max(maximum, scores_[t]);
+      kernels::exp_shifted(scores_.data(), count, maximum);
       float sum = 0.0F;
-      for (std::size_t t = 0; t < count; ++t) {
-        scores_[t] = std::exp(scores_[t] - maximum);
-        sum += scores_[t];
-      }
+      for (std::size_t t = 0; t < count; ++t) sum += scores_[t];
       const float inverse = 1.0F / sum;
       for (std::size_t t = 0; t < count; ++t) scores_[t] *= inverse;
       float* out = a_.data() + j * c.q_dim() + h * hd;

@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <string_view>
@@ -75,6 +76,14 @@ inline void matmul_portable(const float* w, std::size_t rows, std::size_t cols, 
 
 inline void axpy_portable(float alpha, const float* x, float* y, std::size_t n) noexcept {
   for (std::size_t k = 0; k < n; ++k) y[k] += alpha * x[k];
+}
+
+inline void exp_shifted_portable(float* x, std::size_t n, float shift) noexcept {
+  for (std::size_t i = 0; i < n; ++i) x[i] = std::exp(x[i] - shift);
+}
+
+inline void silu_mul_portable(float* gate, const float* up, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i) gate[i] = gate[i] / (1.0F + std::exp(-gate[i])) * up[i];
 }
 
 inline void scores_portable(const float* q, const float* keys, std::size_t stride,
@@ -233,6 +242,77 @@ LLAMA_AVX2 inline void axpy_avx2(float alpha, const float* x, float* y, std::siz
   for (std::size_t k = vector_end; k < n; ++k) y[k] = std::fma(alpha, x[k], y[k]);
 }
 
+// exp(x) as x = n ln2 + r with |r| <= ln2 / 2: exp(r) by its degree-6 Taylor polynomial
+// (Horner, fused multiply-adds; relative error below 2e-7 on that interval), 2^n through the
+// exponent bits. x is clamped to [-87, 88] (exp(-87) ~ 1.6e-38 stands in for smaller values,
+// which only softmax tails and saturated SiLU gates see). exp_lane is the same arithmetic
+// for one value, so vector lanes and tails agree bit for bit.
+namespace exp_constants {
+inline constexpr float low = -87.0F, high = 88.0F;
+inline constexpr float log2e = 1.44269504088896341F;
+inline constexpr float ln2_high = 0.693145751953125F;  // exact in float: n * ln2_high is exact
+inline constexpr float ln2_low = 1.428606820309417232e-06F;
+inline constexpr float c6 = 1.0F / 720.0F, c5 = 1.0F / 120.0F, c4 = 1.0F / 24.0F, c3 = 1.0F / 6.0F,
+                       c2 = 0.5F, c1 = 1.0F, c0 = 1.0F;
+}  // namespace exp_constants
+
+inline float exp_lane(float x) noexcept {
+  namespace k = exp_constants;
+  x = std::min(std::max(x, k::low), k::high);
+  const float n = std::nearbyint(x * k::log2e);
+  float r = std::fma(-n, k::ln2_high, x);
+  r = std::fma(-n, k::ln2_low, r);
+  float p = std::fma(k::c6, r, k::c5);
+  p = std::fma(p, r, k::c4);
+  p = std::fma(p, r, k::c3);
+  p = std::fma(p, r, k::c2);
+  p = std::fma(p, r, k::c1);
+  p = std::fma(p, r, k::c0);
+  const auto bits = static_cast<std::uint32_t>(static_cast<std::int32_t>(n) + 127) << 23U;
+  float scale = 0.0F;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+LLAMA_AVX2 inline __m256 exp_avx2(__m256 x) noexcept {
+  namespace k = exp_constants;
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(k::low)), _mm256_set1_ps(k::high));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(k::log2e)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(k::ln2_high), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(k::ln2_low), r);
+  __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(k::c6), r, _mm256_set1_ps(k::c5));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(k::c4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(k::c3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(k::c2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(k::c1));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(k::c0));
+  const __m256i bits =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+LLAMA_AVX2 inline void exp_shifted_avx2(float* x, std::size_t n, float shift) noexcept {
+  const __m256 s = _mm256_set1_ps(shift);
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(x + i, exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(x + i), s)));
+  for (; i < n; ++i) x[i] = exp_lane(x[i] - shift);
+}
+
+LLAMA_AVX2 inline void silu_mul_avx2(float* gate, const float* up, std::size_t n) noexcept {
+  const __m256 one = _mm256_set1_ps(1.0F);
+  const __m256 zero = _mm256_setzero_ps();
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    const __m256 e = exp_avx2(_mm256_sub_ps(zero, g));
+    _mm256_storeu_ps(
+        gate + i, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), _mm256_loadu_ps(up + i)));
+  }
+  for (; i < n; ++i) gate[i] = gate[i] / (1.0F + exp_lane(-gate[i])) * up[i];
+}
+
 // Attention scores of one query against `count` keys (stride `stride` floats apart):
 // dot_avx2 per key, without a call per key.
 LLAMA_AVX2 inline void scores_avx2(const float* q, const float* keys, std::size_t stride,
@@ -338,6 +418,28 @@ inline void axpy(float alpha, const float* x, float* y, std::size_t n) noexcept 
   }
 #endif
   detail::axpy_portable(alpha, x, y, n);
+}
+
+/// x[i] = exp(x[i] - shift): the numerators of a softmax.
+inline void exp_shifted(float* x, std::size_t n, float shift) noexcept {
+#if LLAMA_KERNELS_X86
+  if (active() == isa::avx2) {
+    detail::exp_shifted_avx2(x, n, shift);
+    return;
+  }
+#endif
+  detail::exp_shifted_portable(x, n, shift);
+}
+
+/// gate[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)): SwiGLU.
+inline void silu_mul(float* gate, const float* up, std::size_t n) noexcept {
+#if LLAMA_KERNELS_X86
+  if (active() == isa::avx2) {
+    detail::silu_mul_avx2(gate, up, n);
+    return;
+  }
+#endif
+  detail::silu_mul_portable(gate, up, n);
 }
 
 /// scores[t] = dot(q, key_t) * scale for the `count` keys at keys + t * stride.
