@@ -14,6 +14,7 @@
 #include <bit>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <map>
@@ -21,6 +22,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -57,19 +59,32 @@ enum class value_type : std::uint32_t {
 
 [[nodiscard]] inline std::string_view to_string(value_type type) noexcept {
   switch (type) {
-    case value_type::uint8: return "uint8";
-    case value_type::int8: return "int8";
-    case value_type::uint16: return "uint16";
-    case value_type::int16: return "int16";
-    case value_type::uint32: return "uint32";
-    case value_type::int32: return "int32";
-    case value_type::float32: return "float32";
-    case value_type::boolean: return "bool";
-    case value_type::string: return "string";
-    case value_type::array: return "array";
-    case value_type::uint64: return "uint64";
-    case value_type::int64: return "int64";
-    case value_type::float64: return "float64";
+    case value_type::uint8:
+      return "uint8";
+    case value_type::int8:
+      return "int8";
+    case value_type::uint16:
+      return "uint16";
+    case value_type::int16:
+      return "int16";
+    case value_type::uint32:
+      return "uint32";
+    case value_type::int32:
+      return "int32";
+    case value_type::float32:
+      return "float32";
+    case value_type::boolean:
+      return "bool";
+    case value_type::string:
+      return "string";
+    case value_type::array:
+      return "array";
+    case value_type::uint64:
+      return "uint64";
+    case value_type::int64:
+      return "int64";
+    case value_type::float64:
+      return "float64";
   }
   return "unknown";
 }
@@ -122,38 +137,70 @@ struct TypeTraits {
 
 [[nodiscard]] inline TypeTraits type_traits(std::uint32_t id) noexcept {
   switch (static_cast<tensor_type>(id)) {
-    case tensor_type::f32: return {"F32", 1, 4};
-    case tensor_type::f16: return {"F16", 1, 2};
-    case tensor_type::bf16: return {"BF16", 1, 2};
-    case tensor_type::q4_0: return {"Q4_0", 32, 18};
-    case tensor_type::q4_1: return {"Q4_1", 32, 20};
-    case tensor_type::q5_0: return {"Q5_0", 32, 22};
-    case tensor_type::q5_1: return {"Q5_1", 32, 24};
-    case tensor_type::q8_0: return {"Q8_0", 32, 34};
-    case tensor_type::q8_1: return {"Q8_1", 32, 36};
-    case tensor_type::q2_k: return {"Q2_K", 256, 84};
-    case tensor_type::q3_k: return {"Q3_K", 256, 110};
-    case tensor_type::q4_k: return {"Q4_K", 256, 144};
-    case tensor_type::q5_k: return {"Q5_K", 256, 176};
-    case tensor_type::q6_k: return {"Q6_K", 256, 210};
-    case tensor_type::q8_k: return {"Q8_K", 256, 292};
-    case tensor_type::iq2_xxs: return {"IQ2_XXS", 256, 66};
-    case tensor_type::iq2_xs: return {"IQ2_XS", 256, 74};
-    case tensor_type::iq3_xxs: return {"IQ3_XXS", 256, 98};
-    case tensor_type::iq1_s: return {"IQ1_S", 256, 50};
-    case tensor_type::iq4_nl: return {"IQ4_NL", 32, 18};
-    case tensor_type::iq3_s: return {"IQ3_S", 256, 110};
-    case tensor_type::iq2_s: return {"IQ2_S", 256, 82};
-    case tensor_type::iq4_xs: return {"IQ4_XS", 256, 136};
-    case tensor_type::i8: return {"I8", 1, 1};
-    case tensor_type::i16: return {"I16", 1, 2};
-    case tensor_type::i32: return {"I32", 1, 4};
-    case tensor_type::i64: return {"I64", 1, 8};
-    case tensor_type::f64: return {"F64", 1, 8};
-    case tensor_type::iq1_m: return {"IQ1_M", 256, 56};
-    case tensor_type::tq1_0: return {"TQ1_0", 256, 54};
-    case tensor_type::tq2_0: return {"TQ2_0", 256, 66};
-    case tensor_type::mxfp4: return {"MXFP4", 32, 17};
+    case tensor_type::f32:
+      return {"F32", 1, 4};
+    case tensor_type::f16:
+      return {"F16", 1, 2};
+    case tensor_type::bf16:
+      return {"BF16", 1, 2};
+    case tensor_type::q4_0:
+      return {"Q4_0", 32, 18};
+    case tensor_type::q4_1:
+      return {"Q4_1", 32, 20};
+    case tensor_type::q5_0:
+      return {"Q5_0", 32, 22};
+    case tensor_type::q5_1:
+      return {"Q5_1", 32, 24};
+    case tensor_type::q8_0:
+      return {"Q8_0", 32, 34};
+    case tensor_type::q8_1:
+      return {"Q8_1", 32, 36};
+    case tensor_type::q2_k:
+      return {"Q2_K", 256, 84};
+    case tensor_type::q3_k:
+      return {"Q3_K", 256, 110};
+    case tensor_type::q4_k:
+      return {"Q4_K", 256, 144};
+    case tensor_type::q5_k:
+      return {"Q5_K", 256, 176};
+    case tensor_type::q6_k:
+      return {"Q6_K", 256, 210};
+    case tensor_type::q8_k:
+      return {"Q8_K", 256, 292};
+    case tensor_type::iq2_xxs:
+      return {"IQ2_XXS", 256, 66};
+    case tensor_type::iq2_xs:
+      return {"IQ2_XS", 256, 74};
+    case tensor_type::iq3_xxs:
+      return {"IQ3_XXS", 256, 98};
+    case tensor_type::iq1_s:
+      return {"IQ1_S", 256, 50};
+    case tensor_type::iq4_nl:
+      return {"IQ4_NL", 32, 18};
+    case tensor_type::iq3_s:
+      return {"IQ3_S", 256, 110};
+    case tensor_type::iq2_s:
+      return {"IQ2_S", 256, 82};
+    case tensor_type::iq4_xs:
+      return {"IQ4_XS", 256, 136};
+    case tensor_type::i8:
+      return {"I8", 1, 1};
+    case tensor_type::i16:
+      return {"I16", 1, 2};
+    case tensor_type::i32:
+      return {"I32", 1, 4};
+    case tensor_type::i64:
+      return {"I64", 1, 8};
+    case tensor_type::f64:
+      return {"F64", 1, 8};
+    case tensor_type::iq1_m:
+      return {"IQ1_M", 256, 56};
+    case tensor_type::tq1_0:
+      return {"TQ1_0", 256, 54};
+    case tensor_type::tq2_0:
+      return {"TQ2_0", 256, 66};
+    case tensor_type::mxfp4:
+      return {"MXFP4", 32, 17};
   }
   return {};
 }
@@ -203,6 +250,13 @@ class GgufFile {
   /// Reads and parses `path`. Throws model_error for a file that cannot be read or is not a
   /// well-formed GGUF file of version 2 or 3.
   explicit GgufFile(std::string path) : path_(std::move(path)) {
+    // Regular files only: a directory opens as a stream whose size reads as 2^63 - 1 (the
+    // read then failed with std::bad_alloc), and a pipe or a device has no size.
+    std::error_code status;
+    if (!std::filesystem::is_regular_file(path_, status)) {
+      fail(status ? "cannot open the file (" + status.message() + ")"
+                  : "cannot open the file: not a regular file");
+    }
     std::ifstream in(path_, std::ios::binary | std::ios::ate);
     if (!in) fail("cannot open the file");
     const std::streamoff size = in.tellg();
@@ -218,9 +272,7 @@ class GgufFile {
   [[nodiscard]] const std::string& path() const noexcept { return path_; }
   [[nodiscard]] std::uint32_t version() const noexcept { return version_; }
   [[nodiscard]] std::uint64_t alignment() const noexcept { return alignment_; }
-  [[nodiscard]] const std::map<std::string, Value>& metadata() const noexcept {
-    return metadata_;
-  }
+  [[nodiscard]] const std::map<std::string, Value>& metadata() const noexcept { return metadata_; }
   [[nodiscard]] const std::vector<TensorInfo>& tensors() const noexcept { return tensors_; }
 
   [[nodiscard]] const Value* find(std::string_view key) const {
@@ -317,9 +369,8 @@ class GgufFile {
   // --- bounds-checked reading ----------------------------------------------------------
   void need(std::uint64_t count, std::string_view what) const {
     if (count > bytes_.size() || at_ > bytes_.size() - count) {
-      fail("truncated: " + std::string(what) + " at byte " + std::to_string(at_) +
-           " needs " + std::to_string(count) + " bytes, the file has " +
-           std::to_string(bytes_.size()));
+      fail("truncated: " + std::string(what) + " at byte " + std::to_string(at_) + " needs " +
+           std::to_string(count) + " bytes, the file has " + std::to_string(bytes_.size()));
     }
   }
   template <class T>
@@ -352,24 +403,47 @@ class GgufFile {
 
   void read_scalar(Value& v, value_type type, const std::string& key) {
     switch (type) {
-      case value_type::uint8: v.unsigned_value = read<std::uint8_t>(key); break;
-      case value_type::int8: v.signed_value = read<std::int8_t>(key); break;
-      case value_type::uint16: v.unsigned_value = read<std::uint16_t>(key); break;
-      case value_type::int16: v.signed_value = read<std::int16_t>(key); break;
-      case value_type::uint32: v.unsigned_value = read<std::uint32_t>(key); break;
-      case value_type::int32: v.signed_value = read<std::int32_t>(key); break;
-      case value_type::float32: v.real_value = static_cast<double>(read<float>(key)); break;
+      case value_type::uint8:
+        v.unsigned_value = read<std::uint8_t>(key);
+        break;
+      case value_type::int8:
+        v.signed_value = read<std::int8_t>(key);
+        break;
+      case value_type::uint16:
+        v.unsigned_value = read<std::uint16_t>(key);
+        break;
+      case value_type::int16:
+        v.signed_value = read<std::int16_t>(key);
+        break;
+      case value_type::uint32:
+        v.unsigned_value = read<std::uint32_t>(key);
+        break;
+      case value_type::int32:
+        v.signed_value = read<std::int32_t>(key);
+        break;
+      case value_type::float32:
+        v.real_value = static_cast<double>(read<float>(key));
+        break;
       case value_type::boolean: {
         const auto b = read<std::uint8_t>(key);
         if (b > 1) fail("metadata key " + key + ": bool value " + std::to_string(b));
         v.unsigned_value = b;
         break;
       }
-      case value_type::string: v.string_value = read_string(key); break;
-      case value_type::uint64: v.unsigned_value = read<std::uint64_t>(key); break;
-      case value_type::int64: v.signed_value = read<std::int64_t>(key); break;
-      case value_type::float64: v.real_value = read<double>(key); break;
-      case value_type::array: fail("metadata key " + key + ": nested arrays are not supported");
+      case value_type::string:
+        v.string_value = read_string(key);
+        break;
+      case value_type::uint64:
+        v.unsigned_value = read<std::uint64_t>(key);
+        break;
+      case value_type::int64:
+        v.signed_value = read<std::int64_t>(key);
+        break;
+      case value_type::float64:
+        v.real_value = read<double>(key);
+        break;
+      case value_type::array:
+        fail("metadata key " + key + ": nested arrays are not supported");
     }
   }
 
@@ -428,8 +502,7 @@ class GgufFile {
       std::string seen;
       for (std::size_t i = 0; i < std::min<std::size_t>(4, bytes_.size()); ++i) {
         const unsigned char c = bytes_[i];
-        seen += (c >= 32 && c < 127) ? std::string(1, static_cast<char>(c))
-                                     : "\\x" + hex(c);
+        seen += (c >= 32 && c < 127) ? std::string(1, static_cast<char>(c)) : "\\x" + hex(c);
       }
       fail("not a GGUF file: bad magic \"" + seen + "\" (expected \"GGUF\")");
     }
@@ -486,6 +559,12 @@ class GgufFile {
         fail("tensor " + t.name + " of type " + std::string(traits.name) + ": first dimension " +
              std::to_string(t.dims[0]) + " is not a multiple of the block size " +
              std::to_string(traits.block_elements));
+      }
+      // The byte size must not wrap around: a wrapped size would pass the bounds check below.
+      if (elements / traits.block_elements >
+          std::numeric_limits<std::uint64_t>::max() / traits.block_bytes) {
+        fail("tensor " + t.name + " of shape " + t.shape() + " and type " +
+             std::string(traits.name) + " is larger than any file (its size overflows 64 bits)");
       }
       t.bytes = elements / traits.block_elements * traits.block_bytes;
       if (t.offset % alignment_ != 0) {

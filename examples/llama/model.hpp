@@ -17,7 +17,8 @@
 // Hyperparameters come from llama.* metadata: embedding_length, block_count,
 // feed_forward_length, attention.head_count, attention.head_count_kv (default: head_count),
 // attention.layer_norm_rms_epsilon, rope.freq_base (default 10000), rope.dimension_count
-// (default: head_dim), rope.scaling.type / rope.scaling.factor (none or linear),
+// (must equal head_dim), rope.scaling.type (linear by default, or none) with
+// rope.scaling.factor or the older rope.scale_linear (as llama.cpp reads them),
 // context_length. Rotary positions use llama.cpp's "normal" mode for this architecture:
 // adjacent pairs (x[2i], x[2i+1]) rotate by p * scale * base^(-2i / rope_dims).
 //
@@ -60,7 +61,7 @@ struct Config {
   std::size_t rope_dims = 0;
   double rms_eps = 1e-5;
   double rope_base = 10000.0;
-  double rope_scale = 1.0;          ///< position multiplier (1 / linear scaling factor)
+  double rope_scale = 1.0;            ///< position multiplier (1 / linear scaling factor)
   std::vector<double> rope_divisors;  ///< rope_freqs.weight, empty when absent
   bool tied_output = false;
   std::string name;
@@ -212,7 +213,9 @@ class Model {
     c.layers = positive(file, "llama.block_count");
     c.ffn = positive(file, "llama.feed_forward_length");
     c.heads = positive(file, "llama.attention.head_count");
-    c.kv_heads = file.find("llama.attention.head_count_kv") ? positive(file, "llama.attention.head_count_kv") : c.heads;
+    c.kv_heads = file.find("llama.attention.head_count_kv")
+                     ? positive(file, "llama.attention.head_count_kv")
+                     : c.heads;
     c.context_length = positive(file, "llama.context_length");
     c.rms_eps = file.real("llama.attention.layer_norm_rms_epsilon");
     c.rope_base = file.optional_real("llama.rope.freq_base").value_or(10000.0);
@@ -222,28 +225,37 @@ class Model {
     }
     if (c.heads % c.kv_heads != 0) {
       file.fail("llama.attention.head_count " + std::to_string(c.heads) +
-                " is not a multiple of llama.attention.head_count_kv " + std::to_string(c.kv_heads));
+                " is not a multiple of llama.attention.head_count_kv " +
+                std::to_string(c.kv_heads));
     }
     c.head_dim = c.dim / c.heads;
-    c.rope_dims = file.find("llama.rope.dimension_count")
-                      ? static_cast<std::size_t>(file.unsigned_integer("llama.rope.dimension_count"))
-                      : c.head_dim;
-    if (c.rope_dims % 2 != 0 || c.rope_dims > c.head_dim) {
+    c.rope_dims =
+        file.find("llama.rope.dimension_count")
+            ? static_cast<std::size_t>(file.unsigned_integer("llama.rope.dimension_count"))
+            : c.head_dim;
+    if (c.rope_dims != c.head_dim) {  // llama.cpp rotates whole heads for this architecture
       file.fail("llama.rope.dimension_count " + std::to_string(c.rope_dims) +
-                " must be even and at most the head dimension " + std::to_string(c.head_dim));
+                " differs from the head dimension " + std::to_string(c.head_dim) +
+                " (the llama architecture rotates whole heads)");
     }
     if (!(c.rms_eps > 0.0) || !(c.rope_base > 0.0)) {
       file.fail("llama.attention.layer_norm_rms_epsilon and llama.rope.freq_base must be positive");
     }
-    if (const auto scaling = file.optional_string("llama.rope.scaling.type")) {
-      if (*scaling == "linear") {
-        const double factor = file.real("llama.rope.scaling.factor");
-        if (!(factor > 0.0)) file.fail("llama.rope.scaling.factor must be positive");
-        c.rope_scale = 1.0 / factor;
-      } else if (*scaling != "none") {
-        file.fail("llama.rope.scaling.type \"" + *scaling + "\" is not supported (none, linear)");
-      }
+    // As llama.cpp: the factor comes from llama.rope.scaling.factor, else from the older
+    // llama.rope.scale_linear; 0 or absent means none; the type defaults to linear and
+    // "none" switches the scaling off.
+    const std::string scaling = file.optional_string("llama.rope.scaling.type").value_or("linear");
+    if (scaling != "linear" && scaling != "none") {
+      file.fail("llama.rope.scaling.type \"" + scaling + "\" is not supported (none, linear)");
     }
+    const char* factor_key = file.find("llama.rope.scaling.factor") != nullptr
+                                 ? "llama.rope.scaling.factor"
+                                 : "llama.rope.scale_linear";
+    const double factor = file.optional_real(factor_key).value_or(0.0);
+    if (!(factor >= 0.0)) {
+      file.fail(std::string(factor_key) + " must be positive (or 0: no scaling)");
+    }
+    if (scaling == "linear" && factor > 0.0) c.rope_scale = 1.0 / factor;
 
     const TensorInfo* embedding = file.find_tensor("token_embd.weight");
     if (embedding == nullptr) file.fail("missing tensor token_embd.weight");
@@ -263,10 +275,11 @@ class Model {
                 std::to_string(c.vocab) + " rows");
     }
     embedding_ = matrix(file, "token_embd.weight", c.vocab, c.dim);
-    layers_.resize(c.layers);
+    // Layers are added as they load: a block_count beyond the tensors in the file (up to
+    // 2^24) fails at the first missing tensor instead of allocating gigabytes of empty layers.
     for (std::size_t i = 0; i < c.layers; ++i) {
       const std::string p = "blk." + std::to_string(i) + ".";
-      Layer& l = layers_[i];
+      Layer& l = layers_.emplace_back();
       l.attn_norm = vector(file, p + "attn_norm.weight", c.dim);
       l.q = matrix(file, p + "attn_q.weight", c.q_dim(), c.dim);
       l.k = matrix(file, p + "attn_k.weight", c.kv_dim(), c.dim);
@@ -328,12 +341,16 @@ class Model {
     return static_cast<std::size_t>(value);
   }
 
+  // The expected shape is spelt only on failure, by TensorInfo::shape(): spelling it at every
+  // call as "[" + std::to_string(n) + "]" tripped GCC 12's false -Wrestrict warning at -O3.
   static const TensorInfo& tensor(const GgufFile& file, const std::string& name,
-                                  std::vector<std::uint64_t> dims, const std::string& expected) {
+                                  std::vector<std::uint64_t> dims) {
     const TensorInfo* t = file.find_tensor(name);
     if (t == nullptr) file.fail("missing tensor " + name);
     if (t->dims != dims) {
-      file.fail("tensor " + name + " has shape " + t->shape() + ", expected " + expected);
+      TensorInfo expected;
+      expected.dims = std::move(dims);
+      file.fail("tensor " + name + " has shape " + t->shape() + ", expected " + expected.shape());
     }
     return *t;
   }
@@ -347,8 +364,7 @@ class Model {
 
   static Matrix matrix(const GgufFile& file, const std::string& name, std::size_t rows,
                        std::size_t cols) {
-    const TensorInfo& t = tensor(file, name, {cols, rows},
-                                 "[" + std::to_string(cols) + ", " + std::to_string(rows) + "]");
+    const TensorInfo& t = tensor(file, name, {cols, rows});
     Matrix m;
     m.rows = rows;
     m.cols = cols;
@@ -358,7 +374,7 @@ class Model {
   }
 
   static std::vector<float> vector(const GgufFile& file, const std::string& name, std::size_t n) {
-    const TensorInfo& t = tensor(file, name, {n}, "[" + std::to_string(n) + "]");
+    const TensorInfo& t = tensor(file, name, {n});
     std::vector<float> v(n);
     convert(file, t, v.data());
     return v;

@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <array>
+#include <cctype>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -46,13 +48,15 @@ class Tokenizer {
   Tokenizer() = default;
 
   /// Reads tokenizer.ggml.* from `file`. Throws model_error for a missing or malformed
-  /// vocabulary, or a tokenizer model other than "llama".
+  /// vocabulary. A tokenizer model other than "llama" (e.g. "gpt2" BPE) loads: its vocabulary
+  /// serves generation from token ids and check_pair; encode() throws model_error for it.
   explicit Tokenizer(const GgufFile& file) {
     const std::string model = file.string("tokenizer.ggml.model");
     if (model != "llama") {
-      file.fail("tokenizer.ggml.model is \"" + model +
-                "\": this engine implements the SentencePiece tokenizer (\"llama\") only; use "
-                "token ids (--prompt-ids) with this model");
+      path_ = file.path();
+      unsupported_ = "tokenizer.ggml.model is \"" + model +
+                     "\": this engine implements the SentencePiece tokenizer (\"llama\") only; "
+                     "use token ids (--prompt-ids) with this model";
     }
     tokens_ = file.array("tokenizer.ggml.tokens", value_type::string).strings;
     if (tokens_.empty()) file.fail("tokenizer.ggml.tokens is empty");
@@ -61,8 +65,15 @@ class Tokenizer {
       scores_.assign(file.array("tokenizer.ggml.scores", value_type::float32).reals.begin(),
                      file.array("tokenizer.ggml.scores", value_type::float32).reals.end());
       if (scores_.size() != n) {
-        file.fail("tokenizer.ggml.scores has " + std::to_string(scores_.size()) +
-                  " entries for " + std::to_string(n) + " tokens");
+        file.fail("tokenizer.ggml.scores has " + std::to_string(scores_.size()) + " entries for " +
+                  std::to_string(n) + " tokens");
+      }
+      // The merge queue orders by score: a NaN breaks its strict weak ordering.
+      for (std::size_t i = 0; i < n; ++i) {
+        if (std::isnan(scores_[i])) {
+          file.fail("tokenizer.ggml.scores entry " + std::to_string(i) + " (token \"" + tokens_[i] +
+                    "\") is NaN");
+        }
       }
     } else {
       scores_.assign(n, 0.0);
@@ -76,7 +87,8 @@ class Tokenizer {
       }
       for (std::size_t i = 0; i < n; ++i) kinds_[i] = static_cast<token_kind>(types[i]);
     }
-    const auto id = [&](std::string_view key, std::optional<token> fallback) -> std::optional<token> {
+    const auto id = [&](std::string_view key,
+                        std::optional<token> fallback) -> std::optional<token> {
       const auto value = file.optional_unsigned(key);
       if (!value) return fallback;
       if (*value >= n) {
@@ -92,7 +104,8 @@ class Tokenizer {
     add_eos_ = file.optional_bool("tokenizer.ggml.add_eos_token").value_or(false);
     add_space_prefix_ = file.optional_bool("tokenizer.ggml.add_space_prefix").value_or(true);
     ids_.reserve(n);
-    for (std::size_t i = 0; i < n; ++i) ids_.emplace(tokens_[i], static_cast<token>(i));
+    // A string listed twice maps to its last id, as in llama.cpp.
+    for (std::size_t i = 0; i < n; ++i) ids_[tokens_[i]] = static_cast<token>(i);
     byte_tokens_.fill(-1);
     for (unsigned b = 0; b < 256; ++b) {
       const auto it = ids_.find(byte_name(b));
@@ -104,13 +117,19 @@ class Tokenizer {
   [[nodiscard]] std::optional<token> bos() const noexcept { return bos_; }
   [[nodiscard]] std::optional<token> eos() const noexcept { return eos_; }
   [[nodiscard]] bool add_space_prefix() const noexcept { return add_space_prefix_; }
-  [[nodiscard]] const std::string& text(token id) const { return tokens_.at(static_cast<std::size_t>(id)); }
+  /// Whether encode() can serve this vocabulary (tokenizer.ggml.model "llama").
+  [[nodiscard]] bool encodes_text() const noexcept { return unsupported_.empty(); }
+  [[nodiscard]] const std::string& text(token id) const {
+    return tokens_.at(static_cast<std::size_t>(id));
+  }
   [[nodiscard]] std::span<const std::string> tokens() const noexcept { return tokens_; }
   [[nodiscard]] token_kind kind(token id) const { return kinds_.at(static_cast<std::size_t>(id)); }
 
   /// The token ids of `text`, with BOS first when the file asks for it (add_bos_token,
-  /// true by default) and `add_special` is true.
+  /// true by default) and `add_special` is true. Throws model_error for a tokenizer model
+  /// other than "llama".
   [[nodiscard]] std::vector<token> encode(std::string_view text, bool add_special = true) const {
+    if (!unsupported_.empty()) throw model_error(path_, unsupported_);
     std::vector<token> out;
     if (add_special && add_bos_ && bos_) out.push_back(*bos_);
     if (!text.empty()) {
@@ -141,7 +160,10 @@ class Tokenizer {
         return {};
       case token_kind::byte: {
         const std::string& t = tokens_[i];
-        if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>') {
+        // Two hex digits, checked first: std::stoi throws std::invalid_argument for "<0xZZ>".
+        if (t.size() == 6 && t.compare(0, 3, "<0x") == 0 && t[5] == '>' &&
+            std::isxdigit(static_cast<unsigned char>(t[3])) != 0 &&
+            std::isxdigit(static_cast<unsigned char>(t[4])) != 0) {
           return std::string(1, static_cast<char>(std::stoi(t.substr(3, 2), nullptr, 16)));
         }
         return {};
@@ -164,7 +186,8 @@ class Tokenizer {
 
   /// The text of a token sequence (as generated: without the space prefix encode() added
   /// when `strip_space_prefix` and add_space_prefix are true).
-  [[nodiscard]] std::string decode(std::span<const token> ids, bool strip_space_prefix = true) const {
+  [[nodiscard]] std::string decode(std::span<const token> ids,
+                                   bool strip_space_prefix = true) const {
     std::string out;
     for (const token id : ids) out += piece(id);
     if (strip_space_prefix && add_space_prefix_ && !out.empty() && out[0] == ' ') out.erase(0, 1);
@@ -177,12 +200,12 @@ class Tokenizer {
     return std::string("<0x") + digits[b >> 4U] + digits[b & 15U] + ">";
   }
 
+  // llama.cpp's rule: the length of a UTF-8 sequence by the lead byte's high four bits
+  // (continuation and invalid bytes count as a symbol of their own, 0xF8-0xFF as four).
   static std::size_t utf8_length(unsigned char lead) noexcept {
-    if (lead < 0x80) return 1;
-    if ((lead >> 5U) == 0x6) return 2;
-    if ((lead >> 4U) == 0xE) return 3;
-    if ((lead >> 3U) == 0x1E) return 4;
-    return 1;  // a stray continuation byte: a symbol of its own
+    static constexpr std::array<std::size_t, 16> lengths = {1, 1, 1, 1, 1, 1, 1, 1,
+                                                            1, 1, 1, 1, 2, 2, 3, 4};
+    return lengths[lead >> 4U];
   }
 
   struct Symbol {
@@ -274,6 +297,7 @@ class Tokenizer {
   bool add_bos_ = true;
   bool add_eos_ = false;
   bool add_space_prefix_ = true;
+  std::string path_, unsupported_;  // the file and why encode() cannot serve it; empty: it can
 };
 
 }  // namespace llama

@@ -3,7 +3,9 @@
 // so a test can declare a wrong shape, an unknown type or a bad offset).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
@@ -27,6 +29,13 @@ class GgufWriter {
   void add_u32(const std::string& key, std::uint32_t v) { scalar(key, 4, &v, 4); }
   void add_i32(const std::string& key, std::int32_t v) { scalar(key, 5, &v, 4); }
   void add_f32(const std::string& key, float v) { scalar(key, 6, &v, 4); }
+  void add_u8(const std::string& key, std::uint8_t v) { scalar(key, 0, &v, 1); }
+  void add_i8(const std::string& key, std::int8_t v) { scalar(key, 1, &v, 1); }
+  void add_u16(const std::string& key, std::uint16_t v) { scalar(key, 2, &v, 2); }
+  void add_i16(const std::string& key, std::int16_t v) { scalar(key, 3, &v, 2); }
+  void add_u64(const std::string& key, std::uint64_t v) { scalar(key, 10, &v, 8); }
+  void add_i64(const std::string& key, std::int64_t v) { scalar(key, 11, &v, 8); }
+  void add_f64(const std::string& key, double v) { scalar(key, 12, &v, 8); }
   void add_bool(const std::string& key, bool v) {
     const std::uint8_t b = v ? 1 : 0;
     scalar(key, 7, &b, 1);
@@ -69,14 +78,47 @@ class GgufWriter {
     ++metadata_count_;
   }
 
+  /// Removes every metadata entry named `key` (to leave a key out of a model that
+  /// add_tiny_llama wrote, or to add it again with another type); false when there is none.
+  bool remove_metadata(const std::string& key) {
+    bool removed = false;
+    for (std::size_t i = entry_starts_.size(); i-- > 0;) {
+      if (entry_starts_[i].first != key) continue;
+      const std::size_t begin = entry_starts_[i].second;
+      const std::size_t end =
+          i + 1 < entry_starts_.size() ? entry_starts_[i + 1].second : metadata_.size();
+      metadata_.erase(metadata_.begin() + static_cast<std::ptrdiff_t>(begin),
+                      metadata_.begin() + static_cast<std::ptrdiff_t>(end));
+      for (std::size_t j = i + 1; j < entry_starts_.size(); ++j) {
+        entry_starts_[j].second -= end - begin;
+      }
+      entry_starts_.erase(entry_starts_.begin() + static_cast<std::ptrdiff_t>(i));
+      --metadata_count_;
+      removed = true;
+    }
+    return removed;
+  }
+
   // ---- tensors --------------------------------------------------------------------------
+  /// Pads the tensor infos and each tensor's data to `alignment` bytes instead of 32. Call it
+  /// before adding tensors; the file must also declare general.alignment for a reader to
+  /// find the data.
+  void set_alignment(std::uint64_t alignment) { alignment_ = alignment; }
+  /// Removes tensor `name` from the file (its data slot stays, unused); false when absent.
+  bool remove_tensor(const std::string& name) {
+    const auto it = std::find_if(tensors_.begin(), tensors_.end(),
+                                 [&](const Tensor& t) { return t.name == name; });
+    if (it == tensors_.end()) return false;
+    tensors_.erase(it);
+    return true;
+  }
   /// A tensor with explicit GGUF dims (fastest first), ggml type id and data bytes. The
   /// offset is the next aligned one unless `offset` is given.
   void add_tensor(const std::string& name, std::vector<std::uint64_t> dims, std::uint32_t type,
                   std::vector<unsigned char> data, std::optional<std::uint64_t> offset = {}) {
     Tensor t{name, std::move(dims), type, std::move(data), offset.value_or(next_offset_)};
     next_offset_ = t.offset + t.data.size();
-    next_offset_ = (next_offset_ + 31) / 32 * 32;
+    next_offset_ = (next_offset_ + alignment_ - 1) / alignment_ * alignment_;
     tensors_.push_back(std::move(t));
   }
   /// An F32 or F16 matrix of `rows` x `cols` (GGUF dims {cols, rows}).
@@ -126,15 +168,18 @@ class GgufWriter {
       put(&t.type, 4);
       put(&t.offset, 8);
     }
-    out.resize((out.size() + 31) / 32 * 32, 0);
+    out.resize(static_cast<std::size_t>((out.size() + alignment_ - 1) / alignment_ * alignment_),
+               0);
     const std::size_t data_start = out.size();
     for (const Tensor& t : tensors_) {
       if (out.size() < data_start + t.offset + t.data.size()) {
         out.resize(data_start + t.offset + t.data.size(), 0);
       }
+      if (t.data.empty()) continue;  // memcpy from an empty vector's null data() is undefined
       std::memcpy(out.data() + data_start + t.offset, t.data.data(), t.data.size());
     }
-    out.resize((out.size() + 31) / 32 * 32, 0);
+    out.resize(static_cast<std::size_t>((out.size() + alignment_ - 1) / alignment_ * alignment_),
+               0);
     return out;
   }
 
@@ -167,7 +212,10 @@ class GgufWriter {
     put_u64(s.size());
     raw(s.data(), s.size());
   }
-  void key_(const std::string& key) { string_(key); }
+  void key_(const std::string& key) {
+    entry_starts_.emplace_back(key, metadata_.size());
+    string_(key);
+  }
   void scalar(const std::string& key, std::uint32_t type, const void* p, std::size_t n) {
     key_(key);
     put_u32(type);
@@ -179,6 +227,8 @@ class GgufWriter {
   std::uint64_t metadata_count_ = 0;
   std::vector<Tensor> tensors_;
   std::uint64_t next_offset_ = 0;
+  std::uint64_t alignment_ = 32;
+  std::vector<std::pair<std::string, std::size_t>> entry_starts_;  // key, first byte
 };
 
 /// The shape of a synthetic llama model.
