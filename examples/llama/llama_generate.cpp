@@ -233,7 +233,7 @@ void print_ids(std::span<const specdec::token_id> tokens) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const Arguments a = parse(argc, argv);
+  Arguments a = parse(argc, argv);
   try {
     const llama::Model target_model(a.model);
     std::optional<llama::Model> draft_model;
@@ -243,6 +243,14 @@ int main(int argc, char** argv) {
       llama::check_pair(target_model, *draft_model);
     }
     const llama::Tokenizer& tokenizer = target_model.tokenizer();
+    if (!tokenizer.encodes_text() && !a.ids) {
+      // Without the SentencePiece tokenizer the pieces are not text this program can show.
+      std::fprintf(stderr,
+                   "llama_generate: %s has no SentencePiece (\"llama\") tokenizer: "
+                   "printing token ids\n",
+                   a.model.c_str());
+      a.ids = true;
+    }
     std::vector<specdec::token_id> prompt;
     if (!a.prompt_ids.empty()) {
       for (const std::size_t id : parse_list("--prompt-ids", a.prompt_ids)) {
