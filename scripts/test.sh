@@ -4,7 +4,8 @@
 #   an ASan+UBSan build with all tests, the CMake consumer projects (find_package after
 #   install, and add_subdirectory), every benchmark binary run briefly, a ThreadSanitizer
 #   build of the thread-safety tests (build/tsan, target thread_safety_test only), and the
-#   libFuzzer harnesses of tests/fuzz built with -fsanitize=fuzzer,address,undefined
+#   libFuzzer harnesses of tests/fuzz (the library's verification and decoder, the llama
+#   engine example's GGUF loading) built with -fsanitize=fuzzer,address,undefined
 #   (build/fuzz) and run for SPECDEC_FUZZ_SECONDS each from a temporary copy of the
 #   committed seed corpus (a crash or invariant violation fails the stage; the input is
 #   kept under build/fuzz/artifacts).
@@ -149,7 +150,7 @@ if [ "${SPECDEC_SKIP_FUZZ:-0}" != 1 ]; then
   stage "fuzz: libFuzzer harnesses, ${SPECDEC_FUZZ_SECONDS:-60}s each from the seed corpus"
   t0=$(date +%s)
   fuzz_seconds=${SPECDEC_FUZZ_SECONDS:-60}
-  harnesses="fuzz_verification fuzz_decoder"
+  harnesses="fuzz_verification fuzz_decoder fuzz_gguf"
   log=build/fuzz.log
   mkdir -p build/fuzz/artifacts
   if cmake -S . -B build/fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ -DSPECDEC_WERROR=ON \
@@ -162,7 +163,9 @@ if [ "${SPECDEC_SKIP_FUZZ:-0}" != 1 ]; then
     for harness in $harnesses; do
       mkdir -p "$work/$harness"
       cp tests/fuzz/corpus/$harness/* "$work/$harness/"
-      build/fuzz/tests/fuzz/$harness -max_total_time="$fuzz_seconds" -max_len=512 \
+      max_len=512
+      [ "$harness" = fuzz_gguf ] && max_len=4096  # whole (tiny) model files
+      build/fuzz/tests/fuzz/$harness -max_total_time="$fuzz_seconds" -max_len=$max_len \
         -rss_limit_mb=2048 -print_final_stats=1 \
         -artifact_prefix="build/fuzz/artifacts/$harness-" "$work/$harness" \
         >"build/fuzz/$harness.log" 2>&1 &

@@ -16,12 +16,14 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <span>
 #include <string>
 #include <system_error>
 #include <utility>
 #include <vector>
 
+#include <catch2/catch_approx.hpp>
 #include <catch2/catch_test_macros.hpp>
 
 #include "llama/engine.hpp"
@@ -799,6 +801,32 @@ TEST_CASE(
       const double g_i = gate[i];
       const double silu_exact = g_i / (1.0 + std::exp(-g_i)) * up[i];
       CHECK(std::abs(silu_whole[i] - silu_exact) <= 1e-6 * std::abs(silu_exact) + 1e-35);
+    }
+  }
+}
+
+TEST_CASE("llama kernels: exp and SwiGLU pass NaN through, in vector lanes and tails alike") {
+  // A corrupt model (NaN weights) must give NaN logits, which the decoder's row validation
+  // rejects, never finite rows built from a NaN clamped away (found by fuzz_gguf: the scalar
+  // tail converted NaN to an integer, undefined behaviour).
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  for (const isa path : {isa::portable, isa::avx2}) {
+    const KernelPathScope scope(path);
+    if (!scope.selected()) continue;
+    INFO(llama::kernels::to_string(path));
+    for (const std::size_t n : {1U, 8U, 11U}) {  // a tail alone, a vector alone, both
+      std::vector<float> scores(n, -1.0F);
+      std::vector<float> gate(n, 0.5F);
+      const std::vector<float> up(n, 1.0F);
+      scores[n - 1] = nan;
+      gate[n - 1] = nan;
+      if (n > 1) scores[0] = nan;
+      llama::kernels::exp_shifted(scores.data(), n, 0.0F);
+      llama::kernels::silu_mul(gate.data(), up.data(), n);
+      CHECK(std::isnan(scores[n - 1]));
+      CHECK(std::isnan(scores[0]));
+      CHECK(std::isnan(gate[n - 1]));
+      if (n > 2) CHECK(scores[1] == Catch::Approx(std::exp(-1.0)).epsilon(1e-6));
     }
   }
 }

@@ -269,6 +269,11 @@ class GgufFile {
     parse();
   }
 
+  /// Parses a GGUF file already in memory; `name` stands for the file in messages.
+  [[nodiscard]] static GgufFile from_bytes(std::string name, std::vector<unsigned char> bytes) {
+    return GgufFile(std::move(name), std::move(bytes));
+  }
+
   [[nodiscard]] const std::string& path() const noexcept { return path_; }
   [[nodiscard]] std::uint32_t version() const noexcept { return version_; }
   [[nodiscard]] std::uint64_t alignment() const noexcept { return alignment_; }
@@ -345,6 +350,11 @@ class GgufFile {
   [[noreturn]] void fail(const std::string& problem) const { throw model_error(path_, problem); }
 
  private:
+  GgufFile(std::string name, std::vector<unsigned char> bytes)
+      : path_(std::move(name)), bytes_(std::move(bytes)) {
+    parse();
+  }
+
   static bool is_unsigned(value_type t) noexcept {
     return t == value_type::uint8 || t == value_type::uint16 || t == value_type::uint32 ||
            t == value_type::uint64 || t == value_type::boolean;

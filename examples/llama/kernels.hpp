@@ -245,8 +245,8 @@ LLAMA_AVX2 inline void axpy_avx2(float alpha, const float* x, float* y, std::siz
 // exp(x) as x = n ln2 + r with |r| <= ln2 / 2: exp(r) by its degree-6 Taylor polynomial
 // (Horner, fused multiply-adds; relative error below 2e-7 on that interval), 2^n through the
 // exponent bits. x is clamped to [-87, 88] (exp(-87) ~ 1.6e-38 stands in for smaller values,
-// which only softmax tails and saturated SiLU gates see). exp_lane is the same arithmetic
-// for one value, so vector lanes and tails agree bit for bit.
+// which only softmax tails and saturated SiLU gates see); NaN passes through. exp_lane is the
+// same arithmetic for one value, so vector lanes and tails agree bit for bit.
 namespace exp_constants {
 inline constexpr float low = -87.0F, high = 88.0F;
 inline constexpr float log2e = 1.44269504088896341F;
@@ -258,6 +258,7 @@ inline constexpr float c6 = 1.0F / 720.0F, c5 = 1.0F / 120.0F, c4 = 1.0F / 24.0F
 
 inline float exp_lane(float x) noexcept {
   namespace k = exp_constants;
+  if (std::isnan(x)) return x;  // NaN stays NaN: a corrupt model's rows must fail validation
   x = std::min(std::max(x, k::low), k::high);
   const float n = std::nearbyint(x * k::log2e);
   float r = std::fma(-n, k::ln2_high, x);
@@ -276,6 +277,8 @@ inline float exp_lane(float x) noexcept {
 
 LLAMA_AVX2 inline __m256 exp_avx2(__m256 x) noexcept {
   namespace k = exp_constants;
+  const __m256 input = x;
+  const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
   x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(k::low)), _mm256_set1_ps(k::high));
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(k::log2e)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
@@ -289,7 +292,7 @@ LLAMA_AVX2 inline __m256 exp_avx2(__m256 x) noexcept {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(k::c0));
   const __m256i bits =
       _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+  return _mm256_blendv_ps(_mm256_mul_ps(p, _mm256_castsi256_ps(bits)), input, nan);
 }
 
 LLAMA_AVX2 inline void exp_shifted_avx2(float* x, std::size_t n, float shift) noexcept {
