@@ -17,9 +17,11 @@
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include "specdec/concepts.hpp"
+#include "specdec/draft_tree.hpp"
 #include "specdec/error.hpp"
 #include "specdec/random.hpp"
 #include "specdec/sampling.hpp"
+#include "specdec/tree_verification.hpp"
 
 namespace {
 
@@ -391,7 +393,51 @@ struct BatchedLogits : LogitsOnly {
   }
 };
 
+// Tree logits: node i's row is i * (0, 1, 2), i = 0 the root.
+struct TreeLogits : LogitsOnly {
+  std::vector<float> storage;
+  specdec::RowsView<const float> score_tree_logits(std::span<const token_id>,
+                                                   const specdec::TokenTreeView& tree) {
+    storage.clear();
+    for (std::size_t i = 0; i < tree.size(); ++i) {
+      for (std::size_t j = 0; j < 3; ++j) storage.push_back(static_cast<float>(i * j));
+    }
+    return {storage.data(), tree.size(), 3};
+  }
+};
+
 }  // namespace
+
+TEST_CASE("LogitsModel forwards token-tree scoring as a TreeScoringModel", "[sampling]") {
+  STATIC_REQUIRE(specdec::HasTreeLogitsScoring<TreeLogits, specdec::TokenTreeView>);
+  STATIC_REQUIRE_FALSE(specdec::HasTreeLogitsScoring<LogitsOnly, specdec::TokenTreeView>);
+  STATIC_REQUIRE(specdec::TreeScoringModel<specdec::LogitsModel<TreeLogits>>);
+  STATIC_REQUIRE_FALSE(specdec::TreeScoringModel<specdec::LogitsModel<LogitsOnly>>);
+  STATIC_REQUIRE_FALSE(specdec::BatchedLanguageModel<specdec::LogitsModel<TreeLogits>>);
+
+  TreeLogits model;
+  const std::vector<token_id> tokens = {specdec::no_token, 1, 2, 0};
+  const std::vector<std::size_t> parents = {specdec::TokenTreeView::npos, 0, 0, 1};
+  const std::vector<std::size_t> depths = {0, 1, 1, 2};
+  const specdec::TokenTreeView tree{tokens, parents, depths};
+  specdec::LogitsModel adapter(model);
+  const auto rows = adapter.score_tree({}, tree);
+  REQUIRE(rows.rows() == 4);
+  REQUIRE(rows.cols() == 3);
+  for (std::size_t i = 0; i < 4; ++i) {
+    const std::vector<float> logits = {0.0F, static_cast<float>(i), static_cast<float>(2 * i)};
+    std::vector<float> expected(3);
+    specdec::softmax(std::span<const float>(logits), std::span<float>(expected));
+    for (std::size_t j = 0; j < 3; ++j) CHECK(rows(i, j) == expected[j]);
+  }
+  // With sampling options every node's row is standardized like next_token_probabilities.
+  const SamplingOptions sampling{.temperature = 0.0};
+  specdec::LogitsModel greedy(model, sampling);
+  const auto one_hot = greedy.score_tree({}, tree);
+  CHECK(one_hot(0, 0) == 1.0F);  // the root's logits are all 0: the lowest id
+  CHECK(one_hot(3, 2) == 1.0F);
+  CHECK(one_hot(3, 0) == 0.0F);
+}
 
 TEST_CASE("LogitsModel adapts logits models to LanguageModel", "[sampling]") {
   STATIC_REQUIRE(specdec::LogitsLanguageModel<LogitsOnly>);
