@@ -527,8 +527,8 @@ concept LogitsLanguageModel = HasVocabSize<M> && HasNextTokenLogits<M>;
 
 /// Adapts a LogitsLanguageModel to LanguageModel (and to BatchedLanguageModel when the
 /// model has score_draft_logits, to TreeScoringModel when it has score_tree_logits) with a
-/// numerically stable softmax into rows the adapter owns. Holds a reference: the model must outlive the adapter. Returned rows stay valid
-/// until the next call on the adapter.
+/// numerically stable softmax into rows the adapter owns. Holds a reference: the model must
+/// outlive the adapter. Returned rows stay valid until the next call on the adapter.
 ///
 /// Two ways to sample with temperature / truncation, with the same output law:
 ///  - plain adapters (softmax only) and the SamplingOptions in DecoderOptions: the decoder
