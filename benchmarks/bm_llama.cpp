@@ -88,7 +88,10 @@ struct Pair {
   Pair() {
     llama::check_pair(target_model, draft_model);
     const std::size_t capacity = std::min(target.capacity(), draft.capacity());
-    new_tokens = std::min(wanted_tokens, capacity - prompt.size() - gamma - 2);
+    // Room for the longest step: the controller's largest gamma or the tree's nodes.
+    const std::size_t step_room =
+        std::max(llama::RunOptions{}.max_gamma, llama::default_tree_shape().size()) + 2;
+    new_tokens = std::min(wanted_tokens, capacity - prompt.size() - step_room);
     const std::size_t forward_context = std::min<std::size_t>(128, capacity / 2);
     llama::RunOptions greedy;
     greedy.sampling.temperature = 0.0;
