@@ -68,8 +68,8 @@ class Engine {
     inverse_frequencies_.resize(pairs);
     for (std::size_t i = 0; i < pairs; ++i) {
       double f = config_.rope_scale *
-                 std::pow(config_.rope_base, -2.0 * static_cast<double>(i) /
-                                                 static_cast<double>(config_.rope_dims));
+                 std::pow(config_.rope_base,
+                          -2.0 * static_cast<double>(i) / static_cast<double>(config_.rope_dims));
       if (!config_.rope_divisors.empty()) f /= config_.rope_divisors[i];
       inverse_frequencies_[i] = f;
     }
@@ -170,10 +170,10 @@ class Engine {
   // One staged position of a forward pass.
   struct Entry {
     specdec::token_id token = 0;
-    std::size_t position = 0;      // rotary position
-    std::size_t slot = 0;          // cache row its K and V go to
-    std::size_t prefix = 0;        // attends to slots [0, prefix) ...
-    std::size_t extra_begin = 0;   // ... and to extra_slots_[extra_begin, extra_end)
+    std::size_t position = 0;     // rotary position
+    std::size_t slot = 0;         // cache row its K and V go to
+    std::size_t prefix = 0;       // attends to slots [0, prefix) ...
+    std::size_t extra_begin = 0;  // ... and to extra_slots_[extra_begin, extra_end)
     std::size_t extra_end = 0;
   };
 
@@ -208,7 +208,6 @@ class Engine {
     a_.resize(columns * c.q_dim());
     gate_.resize(columns * c.ffn);
     up_.resize(columns * c.ffn);
-    logits_.resize(columns * c.vocab);
     rope_.resize(columns * c.rope_dims);
     entries_.reserve(columns);
     reserved_columns_ = columns;
@@ -262,13 +261,17 @@ class Engine {
     }
     for (const Entry& e : entries_) {
       if (e.token < 0 || static_cast<std::size_t>(e.token) >= config_.vocab) {
-        throw engine_error("token id " + std::to_string(e.token) + " is outside the vocabulary [0, " +
-                           std::to_string(config_.vocab) + ") of " + model_->path());
+        throw engine_error("token id " + std::to_string(e.token) +
+                           " is outside the vocabulary [0, " + std::to_string(config_.vocab) +
+                           ") of " + model_->path());
       }
     }
     forward(columns);
-    // Output rows: the last linear_rows linear entries, then the tree nodes, through one
-    // product so that the output matrix is streamed once.
+    // Output rows, through one product so that the output matrix is streamed once: the last
+    // linear_rows linear entries, then the tree nodes (a long prompt needs one row, not one
+    // per position).
+    const std::size_t output_rows = columns - (linear - linear_rows);
+    if (logits_.size() < output_rows * config_.vocab) logits_.resize(output_rows * config_.vocab);
     std::size_t rows = 0;
     for (std::size_t i = linear - linear_rows; i < columns; ++i, ++rows) {
       rms_norm(x_.data() + i * config_.dim, model_->output_norm().data(),
@@ -394,8 +397,8 @@ class Engine {
   Config config_;
   std::size_t capacity_;
   specdec::CachedContext cache_;
-  std::size_t cached_ = 0;      // KV rows holding positions 0 .. cached_ - 1
-  std::size_t tree_slots_ = 0;  // tree node slots after them (until the next sync)
+  std::size_t cached_ = 0;            // KV rows holding positions 0 .. cached_ - 1
+  std::size_t tree_slots_ = 0;        // tree node slots after them (until the next sync)
   std::vector<float> keys_, values_;  // [layer][slot][kv_dim]
   std::vector<double> inverse_frequencies_;
   // staged work
