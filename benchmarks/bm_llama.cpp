@@ -25,6 +25,10 @@
 //     predicted_from_tokens              the same cost model with the measured tokens per
 //                                        step instead of Eq. 1 (isolates the cost model from
 //                                        the i.i.d. assumption)
+//     c_in_loop, predicted_in_loop       c for a draft position right after a target pass
+//                                        (as decoding meets it: the target's weight stream
+//                                        has evicted the draft's weights), and `predicted`
+//                                        charged with it
 // Run it with --benchmark_min_time=<seconds> for more iterations; scripts/test.sh smoke-runs
 // it with one.
 #include <benchmark/benchmark.h>
@@ -235,6 +239,13 @@ void BM_Generate(benchmark::State& state, llama::drafter_kind kind, double tempe
     state.counters["batched_ratio"] = p.costs.batched_ratio();
     state.counters["predicted"] = specdec::expected_tokens_per_step(alpha, gamma) / per_step;
     state.counters["predicted_from_tokens"] = total.tokens_per_step() / per_step;
+    // The same with the draft's cost as the loop pays it (its weights evicted by the
+    // target's pass): llama::Costs::draft_in_loop.
+    const double c_loop = kind == llama::drafter_kind::model ? p.costs.c_in_loop() : 0.0;
+    state.counters["c_in_loop"] = c_loop;
+    state.counters["predicted_in_loop"] =
+        specdec::expected_tokens_per_step(alpha, gamma) /
+        (static_cast<double>(gamma) * c_loop + p.costs.batched_ratio());
   }
   state.SetLabel(std::string(llama::to_string(kind)) +
                  (temperature == 0.0 ? ", T = 0" : ", T = 1"));

@@ -277,13 +277,23 @@ int run_llama_demo(const LlamaDemoOptions& options) {
     return format("%.2fx",
                   specdec::expected_tokens_per_step(alpha_of(m), options.gamma) / per_step);
   });
+  row("... and the draft's cost in the loop (c after a target pass)", [&](const ModeTiming& m) {
+    const double per_step =
+        static_cast<double>(options.gamma) * costs.c_in_loop() + costs.batched_ratio();
+    return format("%.2fx",
+                  specdec::expected_tokens_per_step(alpha_of(m), options.gamma) / per_step);
+  });
   std::vector<std::string> lines = wall.lines();
   lines.emplace_back("");
   lines.push_back(
-      format("  measured costs (median of 31 calls at context %zu): target %s per "
+      format("  measured costs (medians of 31 interleaved rounds at context %zu): target %s per "
              "position, draft %s (c = %.3f),",
              cost_context.size(), duration(costs.target_single).c_str(),
              duration(costs.draft_single).c_str(), costs.c()));
+  lines.push_back(
+      format("  a draft position right after a target pass (as decoding meets it): %s (c = %.3f; "
+             "the target's weight stream evicts the draft's %s)",
+             duration(costs.draft_in_loop).c_str(), costs.c_in_loop(), "weights from cache"));
   lines.push_back(
       format("  target call of gamma + 1 = %zu positions %s = %.2fx one position "
              "(the weights are streamed once per call)",

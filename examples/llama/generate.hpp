@@ -139,17 +139,27 @@ inline RunResult generate_plain(Engine& target, std::span<const specdec::token_i
   return result;
 }
 
-/// Seconds per call of the three operations Theorem 3.8 is built from, each the median of
-/// `calls` calls at `context`: one target position, the target's batched call of gamma + 1
+/// Seconds per call of the operations Theorem 3.8 is built from, each the median of `calls`
+/// measurements at `context`: one target position, the target's batched call of gamma + 1
 /// positions (what a decoding step costs: the previous step's token and gamma drafts), one
 /// draft position. Calls alternate between two last tokens, so each one rolls the cache
 /// back one position and evaluates new positions, as decoding does.
+///
+/// The measurements are interleaved, one of each per round, so that a machine whose memory
+/// bandwidth drifts (a shared host) affects them alike and their ratios stay meaningful. A
+/// draft position is timed twice per round: as decoding meets it, gamma draft calls right
+/// after the batched target call whose weight stream has evicted the draft's weights
+/// (`draft_in_loop`, the mean of the gamma calls), and gamma further calls with its weights
+/// in cache (`draft_single`).
 struct Costs {
   double target_single = 0.0;
   double target_batched = 0.0;
   double draft_single = 0.0;
-  /// c of Definition 3.7: one draft position over one target position.
+  double draft_in_loop = 0.0;
+  /// c of Definition 3.7: one draft position over one target position (cache-warm draft).
   [[nodiscard]] double c() const { return draft_single / target_single; }
+  /// c as the decoding loop pays it: a draft position after a target pass.
+  [[nodiscard]] double c_in_loop() const { return draft_in_loop / target_single; }
   /// The batched target call over a single-position call (Theorem 3.8 assumes 1).
   [[nodiscard]] double batched_ratio() const { return target_batched / target_single; }
 };
@@ -161,28 +171,41 @@ inline Costs measure_costs(Engine& target, Engine& draft,
   std::vector<specdec::token_id> b = a;
   b.back() = a.back() == 3 ? 4 : 3;
   const std::vector<specdec::token_id> drafts(gamma, a.back());
-  const auto timed = [&](auto&& call) {
-    std::vector<double> seconds;
-    call(b);  // warm: the cache holds everything before the last position
-    for (std::size_t i = 0; i < calls; ++i) {
-      const auto start = std::chrono::steady_clock::now();
-      call(i % 2 == 0 ? a : b);
-      seconds.push_back(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    }
-    std::nth_element(seconds.begin(), seconds.begin() + static_cast<std::ptrdiff_t>(calls / 2),
-                     seconds.end());
-    return seconds[calls / 2];
+  const std::size_t draft_calls = std::max<std::size_t>(gamma, 1);
+  using clock = std::chrono::steady_clock;
+  const auto since = [](clock::time_point start) {
+    return std::chrono::duration<double>(clock::now() - start).count();
   };
-  Costs costs;
+  std::vector<double> single, batched, in_loop, warm;
   target.reset();
   draft.reset();
-  costs.target_single =
-      timed([&](const std::vector<specdec::token_id>& c) { (void)target.next_token_logits(c); });
-  costs.target_batched = timed(
-      [&](const std::vector<specdec::token_id>& c) { (void)target.score_draft_logits(c, drafts); });
-  costs.draft_single =
-      timed([&](const std::vector<specdec::token_id>& c) { (void)draft.next_token_logits(c); });
+  (void)target.next_token_logits(b);  // the cache holds everything before the last position
+  (void)draft.next_token_logits(b);
+  for (std::size_t i = 0; i < calls; ++i) {
+    const auto& last = i % 2 == 0 ? a : b;
+    const auto& other = i % 2 == 0 ? b : a;
+    auto start = clock::now();
+    (void)target.next_token_logits(last);
+    single.push_back(since(start));
+    start = clock::now();
+    (void)target.score_draft_logits(other, drafts);
+    batched.push_back(since(start));
+    start = clock::now();
+    for (std::size_t j = 0; j < draft_calls; ++j) (void)draft.next_token_logits(j % 2 == 0 ? a : b);
+    in_loop.push_back(since(start) / static_cast<double>(draft_calls));
+    start = clock::now();
+    for (std::size_t j = 0; j < draft_calls; ++j) (void)draft.next_token_logits(j % 2 == 0 ? a : b);
+    warm.push_back(since(start) / static_cast<double>(draft_calls));
+  }
+  const auto median = [](std::vector<double>& v) {
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    return v[v.size() / 2];
+  };
+  Costs costs;
+  costs.target_single = median(single);
+  costs.target_batched = median(batched);
+  costs.draft_in_loop = median(in_loop);
+  costs.draft_single = median(warm);
   target.reset();
   draft.reset();
   return costs;
