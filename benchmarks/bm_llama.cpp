@@ -72,12 +72,7 @@ double seconds_since(clock_type::time_point start) {
   return std::chrono::duration<double>(clock_type::now() - start).count();
 }
 
-double median(std::vector<double> values) {
-  if (values.empty()) return 0.0;
-  std::sort(values.begin(), values.end());
-  const std::size_t middle = values.size() / 2;
-  return values.size() % 2 == 1 ? values[middle] : 0.5 * (values[middle - 1] + values[middle]);
-}
+using llama::median;
 
 struct Pair {
   llama::Model target_model{std::string(SPECDEC_LLAMA_MODELS) + "/target.gguf"};
@@ -233,19 +228,17 @@ void BM_Generate(benchmark::State& state, llama::drafter_kind kind, double tempe
   const bool chain = kind == llama::drafter_kind::model || kind == llama::drafter_kind::ngram ||
                      kind == llama::drafter_kind::prompt_lookup;
   if (chain) {
-    const double c = kind == llama::drafter_kind::model ? p.costs.c() : 0.0;
-    const double per_step = static_cast<double>(gamma) * c + p.costs.batched_ratio();
+    const bool model = kind == llama::drafter_kind::model;
+    const double c = model ? p.costs.c() : 0.0;
+    // The draft's cost as the loop pays it (its weights evicted by the target's pass).
+    const double c_loop = model ? p.costs.c_in_loop() : 0.0;
+    const double expected = specdec::expected_tokens_per_step(alpha, gamma);
     state.counters["c"] = c;
-    state.counters["batched_ratio"] = p.costs.batched_ratio();
-    state.counters["predicted"] = specdec::expected_tokens_per_step(alpha, gamma) / per_step;
-    state.counters["predicted_from_tokens"] = total.tokens_per_step() / per_step;
-    // The same with the draft's cost as the loop pays it (its weights evicted by the
-    // target's pass): llama::Costs::draft_in_loop.
-    const double c_loop = kind == llama::drafter_kind::model ? p.costs.c_in_loop() : 0.0;
     state.counters["c_in_loop"] = c_loop;
-    state.counters["predicted_in_loop"] =
-        specdec::expected_tokens_per_step(alpha, gamma) /
-        (static_cast<double>(gamma) * c_loop + p.costs.batched_ratio());
+    state.counters["batched_ratio"] = p.costs.batched_ratio();
+    state.counters["predicted"] = expected / p.costs.step_cost(gamma, c);
+    state.counters["predicted_from_tokens"] = total.tokens_per_step() / p.costs.step_cost(gamma, c);
+    state.counters["predicted_in_loop"] = expected / p.costs.step_cost(gamma, c_loop);
   }
   state.SetLabel(std::string(llama::to_string(kind)) +
                  (temperature == 0.0 ? ", T = 0" : ", T = 1"));

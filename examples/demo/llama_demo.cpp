@@ -272,17 +272,14 @@ int run_llama_demo(const LlamaDemoOptions& options) {
   row("speedup predicted, Thm 3.8 (batched call = 1 call)", [&](const ModeTiming& m) {
     return format("%.2fx", specdec::walltime_improvement(alpha_of(m), options.gamma, costs.c()));
   });
-  row("speedup predicted, charging the measured batched call", [&](const ModeTiming& m) {
-    const double per_step = static_cast<double>(options.gamma) * costs.c() + costs.batched_ratio();
-    return format("%.2fx",
-                  specdec::expected_tokens_per_step(alpha_of(m), options.gamma) / per_step);
-  });
-  row("... and the draft's cost in the loop (c after a target pass)", [&](const ModeTiming& m) {
-    const double per_step =
-        static_cast<double>(options.gamma) * costs.c_in_loop() + costs.batched_ratio();
-    return format("%.2fx",
-                  specdec::expected_tokens_per_step(alpha_of(m), options.gamma) / per_step);
-  });
+  const auto charged = [&](const ModeTiming& m, double c) {
+    return format("%.2fx", specdec::expected_tokens_per_step(alpha_of(m), options.gamma) /
+                               costs.step_cost(options.gamma, c));
+  };
+  row("speedup predicted, charging the measured batched call",
+      [&](const ModeTiming& m) { return charged(m, costs.c()); });
+  row("... and the draft's cost in the loop (c after a target pass)",
+      [&](const ModeTiming& m) { return charged(m, costs.c_in_loop()); });
   std::vector<std::string> lines = wall.lines();
   lines.emplace_back("");
   lines.push_back(
@@ -292,8 +289,8 @@ int run_llama_demo(const LlamaDemoOptions& options) {
              duration(costs.draft_single).c_str(), costs.c()));
   lines.push_back(
       format("  a draft position right after a target pass (as decoding meets it): %s (c = %.3f; "
-             "the target's weight stream evicts the draft's %s)",
-             duration(costs.draft_in_loop).c_str(), costs.c_in_loop(), "weights from cache"));
+             "the target's weight stream evicts the draft's weights from cache)",
+             duration(costs.draft_in_loop).c_str(), costs.c_in_loop()));
   lines.push_back(
       format("  target call of gamma + 1 = %zu positions %s = %.2fx one position "
              "(the weights are streamed once per call)",

@@ -162,7 +162,20 @@ struct Costs {
   [[nodiscard]] double c_in_loop() const { return draft_in_loop / target_single; }
   /// The batched target call over a single-position call (Theorem 3.8 assumes 1).
   [[nodiscard]] double batched_ratio() const { return target_batched / target_single; }
+  /// One decoding step (gamma draft positions at `c`, one batched target call) in units of
+  /// one target position: Theorem 3.8's denominator with the measured batched call charged.
+  [[nodiscard]] double step_cost(std::size_t gamma, double c) const {
+    return static_cast<double>(gamma) * c + batched_ratio();
+  }
 };
+
+/// The median of `values` (the mean of the middle two for an even count; 0 when empty).
+inline double median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const std::size_t middle = values.size() / 2;
+  return values.size() % 2 == 1 ? values[middle] : 0.5 * (values[middle - 1] + values[middle]);
+}
 
 inline Costs measure_costs(Engine& target, Engine& draft,
                            std::span<const specdec::token_id> context, std::size_t gamma,
@@ -175,6 +188,12 @@ inline Costs measure_costs(Engine& target, Engine& draft,
   using clock = std::chrono::steady_clock;
   const auto since = [](clock::time_point start) {
     return std::chrono::duration<double>(clock::now() - start).count();
+  };
+  // Seconds per position, the mean of gamma draft calls as a decoding step makes them.
+  const auto draft_position = [&] {
+    const auto start = clock::now();
+    for (std::size_t j = 0; j < draft_calls; ++j) (void)draft.next_token_logits(j % 2 == 0 ? a : b);
+    return since(start) / static_cast<double>(draft_calls);
   };
   std::vector<double> single, batched, in_loop, warm;
   target.reset();
@@ -190,17 +209,9 @@ inline Costs measure_costs(Engine& target, Engine& draft,
     start = clock::now();
     (void)target.score_draft_logits(other, drafts);
     batched.push_back(since(start));
-    start = clock::now();
-    for (std::size_t j = 0; j < draft_calls; ++j) (void)draft.next_token_logits(j % 2 == 0 ? a : b);
-    in_loop.push_back(since(start) / static_cast<double>(draft_calls));
-    start = clock::now();
-    for (std::size_t j = 0; j < draft_calls; ++j) (void)draft.next_token_logits(j % 2 == 0 ? a : b);
-    warm.push_back(since(start) / static_cast<double>(draft_calls));
+    in_loop.push_back(draft_position());  // right after the target's weight stream
+    warm.push_back(draft_position());     // the draft's weights now in cache
   }
-  const auto median = [](std::vector<double>& v) {
-    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-    return v[v.size() / 2];
-  };
   Costs costs;
   costs.target_single = median(single);
   costs.target_batched = median(batched);
