@@ -636,8 +636,8 @@ TEST_CASE(
     std::size_t rows, cols;
   };
   // Rows that are not multiples of any tile height (8, 4, 3, 2), columns with scalar tails.
-  // With more than 6 columns, rows go in blocks sized for L2: 61 x 1000 and 300 x 129 take
-  // several blocks.
+  // With more than 6 columns, rows go in blocks of about 16 KiB (a multiple of 6 rows):
+  // 61 x 1000 and 300 x 129 take several blocks, the last one partial.
   const std::vector<Size> sizes = {{1, 1},   {7, 5},    {13, 31},   {29, 67},
                                    {64, 40}, {37, 123}, {61, 1000}, {300, 129}};
   constexpr std::size_t max_columns = 20;

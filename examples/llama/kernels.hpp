@@ -215,18 +215,21 @@ LLAMA_AVX2 inline void matmul_avx2(const float* w, std::size_t rows, std::size_t
                                    float* y, std::size_t y_stride) noexcept {
   if (columns == 0 || rows == 0) return;
   // Columns in groups of at most 6 (up to 12 accumulators), as even as possible (8 = 4 + 4,
-  // 9 = 5 + 4). With more than one group, rows go in blocks that stay in L2 while every
-  // group passes over them, so W still comes from memory once.
+  // 9 = 5 + 4). With more than one group, rows go in blocks of about 16 KiB, a multiple of
+  // 6 rows (whole tiles of 2 and 3 rows), that stay in L1 while every group passes over
+  // them: W comes from memory once, and the groups after the first compute on rows the
+  // first one has just brought in, so that memory and arithmetic overlap finely instead of
+  // alternating block by block.
   const std::size_t groups = (columns + 5) / 6;
   const std::size_t group = (columns + groups - 1) / groups;
   const std::size_t block =
-      groups == 1 ? rows : std::max<std::size_t>(8, (96 * 1024) / (cols * sizeof(float)) / 8 * 8);
+      groups == 1 ? rows : std::max<std::size_t>(6, (16 * 1024) / (cols * sizeof(float)) / 6 * 6);
   for (std::size_t o = 0; o < rows; o += block) {
     const std::size_t n = std::min(block, rows - o);
     for (std::size_t j = 0, g = 1; j < columns; j += group, ++g) {
       const std::size_t c = std::min(group, columns - j);
-      // Each later group prefetches further ahead, so memory stays busy while it computes
-      // on rows the first group brought in.
+      // Each later group prefetches further ahead still, so memory stays busy while it
+      // computes on rows the first group brought in.
       columns_avx2(c, w + o * cols, n, cols, x + j * x_stride, x_stride, y + j * y_stride + o,
                    y_stride, g * LLAMA_PREFETCH);
     }
@@ -316,12 +319,37 @@ LLAMA_AVX2 inline void silu_mul_avx2(float* gate, const float* up, std::size_t n
   for (; i < n; ++i) gate[i] = gate[i] / (1.0F + exp_lane(-gate[i])) * up[i];
 }
 
-// Attention scores of one query against `count` keys (stride `stride` floats apart):
-// dot_avx2 per key, without a call per key.
+// Attention scores of one query against `count` keys (stride `stride` floats apart): the
+// operations of dot_avx2 per key, four keys at a time so that four accumulator chains are
+// in flight (one chain waits on the fused multiply-add latency at every step).
 LLAMA_AVX2 inline void scores_avx2(const float* q, const float* keys, std::size_t stride,
                                    std::size_t count, std::size_t dim, float scale,
                                    float* scores) noexcept {
-  for (std::size_t t = 0; t < count; ++t) scores[t] = dot_avx2(q, keys + t * stride, dim) * scale;
+  constexpr std::size_t K = 4;
+  const std::size_t vector_end = dim & ~std::size_t{7};
+  std::size_t t = 0;
+  for (; t + K <= count; t += K) {
+    const float* key[K];
+    __m256 acc[K];
+#pragma GCC unroll 4
+    for (std::size_t i = 0; i < K; ++i) {
+      key[i] = keys + (t + i) * stride;
+      acc[i] = _mm256_setzero_ps();
+    }
+    for (std::size_t k = 0; k < vector_end; k += 8) {
+      const __m256 query = _mm256_loadu_ps(q + k);
+#pragma GCC unroll 4
+      for (std::size_t i = 0; i < K; ++i)
+        acc[i] = _mm256_fmadd_ps(query, _mm256_loadu_ps(key[i] + k), acc[i]);
+    }
+#pragma GCC unroll 4
+    for (std::size_t i = 0; i < K; ++i) {
+      float sum = reduce_lanes_avx2(acc[i]);
+      for (std::size_t k = vector_end; k < dim; ++k) sum = std::fma(q[k], key[i][k], sum);
+      scores[t + i] = sum * scale;
+    }
+  }
+  for (; t < count; ++t) scores[t] = dot_avx2(q, keys + t * stride, dim) * scale;
 }
 
 // out += sum_t weights[t] values_t, key after key, with up to 64 output lanes held in
