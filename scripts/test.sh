@@ -132,10 +132,13 @@ if [ "${SPECDEC_SKIP_TSAN:-0}" != 1 ]; then
     -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
     -DCMAKE_CXX_FLAGS="-fsanitize=thread" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" \
     -DSPECDEC_BUILD_BENCHMARKS=OFF -DSPECDEC_BUILD_EXAMPLES=OFF >"$log" 2>&1 &&
-    cmake --build build/tsan --target thread_safety_test -j "$jobs" >>"$log" 2>&1 &&
+    cmake --build build/tsan --target thread_safety_test llama_threads_test -j "$jobs" >>"$log" 2>&1 &&
     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
-      build/tsan/tests/thread_safety_test >>"$log" 2>&1; then
-    cases=$(sed -n 's/.*assertions in \([0-9]*\) test cases.*/\1/p' "$log" | tail -n1)
+      build/tsan/tests/thread_safety_test >>"$log" 2>&1 &&
+    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+      build/tsan/tests/llama_threads_test >>"$log" 2>&1; then
+    cases=$(sed -n 's/.*assertions in \([0-9]*\) test cases.*/\1/p' "$log" |
+      awk '{ n += $1 } END { print n }')
     cases=${cases:-1}
     total_passed=$((total_passed + cases))
     record ok "tsan: $cases thread-safety test cases, no data race ($(($(date +%s) - t0))s)"

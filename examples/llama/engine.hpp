@@ -17,7 +17,9 @@
 //
 // Every position's result is bit-identical whether evaluated alone, in a batch or in a tree
 // (kernels.hpp, "Batch invariance"), so greedy speculative decoding reproduces greedy plain
-// decoding token for token.
+// decoding token for token. Given a ThreadPool (threads.hpp), the engine splits its larger
+// matrix products by rows over the pool's threads; results do not change with the number of
+// threads either.
 #pragma once
 
 #include <algorithm>
@@ -35,6 +37,7 @@
 #include "specdec/concepts.hpp"
 #include "specdec/draft_tree.hpp"
 #include "specdec/rows.hpp"
+#include "threads.hpp"
 
 namespace llama {
 
@@ -55,9 +58,12 @@ class Engine {
   };
 
   /// An engine over `model` (which must outlive it) with room for `capacity` cached
-  /// positions (0: the model's context length, at most 4096).
-  explicit Engine(const Model& model, std::size_t capacity = 0)
+  /// positions (0: the model's context length, at most 4096). With `threads` (which must
+  /// outlive it too; several engines may share one) its matrix products run on all of the
+  /// pool's threads; without, on the calling thread. Results are the same either way.
+  explicit Engine(const Model& model, std::size_t capacity = 0, ThreadPool* threads = nullptr)
       : model_(&model),
+        threads_(threads),
         config_(model.config()),
         capacity_(capacity != 0 ? capacity : std::min<std::size_t>(config_.context_length, 4096)) {
     const std::size_t kv = config_.layers * capacity_ * config_.kv_dim();
@@ -277,8 +283,8 @@ class Engine {
       rms_norm(x_.data() + i * config_.dim, model_->output_norm().data(),
                t_.data() + rows * config_.dim, config_.dim, config_.rms_eps);
     }
-    kernels::matmul(model_->output().data.data(), config_.vocab, config_.dim, t_.data(),
-                    config_.dim, rows, logits_.data(), config_.vocab);
+    product(model_->output().data.data(), config_.vocab, config_.dim, t_.data(), config_.dim, rows,
+            logits_.data(), config_.vocab);
     counters_.logit_rows += rows;
     ++counters_.forward_passes;
     counters_.positions += columns;
@@ -286,6 +292,28 @@ class Engine {
     tree_slots_ = nodes;
     pending_.clear();
     pending_tree_ = false;
+  }
+
+  // y = W x for `columns` columns (kernels::matmul), split by rows over the thread pool
+  // when there is enough work to share: every output element is computed the same way
+  // whichever thread computes it.
+  void product(const float* w, std::size_t rows, std::size_t cols, const float* x,
+               std::size_t x_stride, std::size_t columns, float* y, std::size_t y_stride) {
+    const std::size_t threads = threads_ != nullptr ? threads_->size() : 1;
+    if (threads == 1 || rows * cols * columns < parallel_work || rows < 2 * row_quantum) {
+      kernels::matmul(w, rows, cols, x, x_stride, columns, y, y_stride);
+      return;
+    }
+    // Chunks of whole row tiles, a few per thread, handed out as threads become free.
+    const std::size_t wanted =
+        (rows + chunks_per_thread * threads - 1) / (chunks_per_thread * threads);
+    const std::size_t chunk = (wanted + row_quantum - 1) / row_quantum * row_quantum;
+    const std::size_t tasks = (rows + chunk - 1) / chunk;
+    threads_->run(tasks, [&](std::size_t i) {
+      const std::size_t begin = i * chunk;
+      const std::size_t n = std::min(chunk, rows - begin);
+      kernels::matmul(w + begin * cols, n, cols, x, x_stride, columns, y + begin, y_stride);
+    });
   }
 
   static void rms_norm(const float* in, const float* weight, float* out, std::size_t n,
@@ -331,9 +359,9 @@ class Engine {
       for (std::size_t j = 0; j < columns; ++j) {
         rms_norm(x_.data() + j * dim, w.attn_norm.data(), h_.data() + j * dim, dim, c.rms_eps);
       }
-      kernels::matmul(w.q.data.data(), q_dim, dim, h_.data(), dim, columns, q_.data(), q_dim);
-      kernels::matmul(w.k.data.data(), kv_dim, dim, h_.data(), dim, columns, k_.data(), kv_dim);
-      kernels::matmul(w.v.data.data(), kv_dim, dim, h_.data(), dim, columns, v_.data(), kv_dim);
+      product(w.q.data.data(), q_dim, dim, h_.data(), dim, columns, q_.data(), q_dim);
+      product(w.k.data.data(), kv_dim, dim, h_.data(), dim, columns, k_.data(), kv_dim);
+      product(w.v.data.data(), kv_dim, dim, h_.data(), dim, columns, v_.data(), kv_dim);
       for (std::size_t j = 0; j < columns; ++j) {
         const float* table = rope_.data() + j * c.rope_dims;
         rotate(q_.data() + j * q_dim, table, c.heads);
@@ -342,15 +370,15 @@ class Engine {
         std::copy_n(v_.data() + j * kv_dim, kv_dim, value(layer, entries_[j].slot));
       }
       for (std::size_t j = 0; j < columns; ++j) attend(layer, j, group, scale);
-      kernels::matmul(w.o.data.data(), dim, q_dim, a_.data(), q_dim, columns, t_.data(), dim);
+      product(w.o.data.data(), dim, q_dim, a_.data(), q_dim, columns, t_.data(), dim);
       for (std::size_t i = 0; i < columns * dim; ++i) x_[i] += t_[i];
       for (std::size_t j = 0; j < columns; ++j) {
         rms_norm(x_.data() + j * dim, w.ffn_norm.data(), h_.data() + j * dim, dim, c.rms_eps);
       }
-      kernels::matmul(w.gate.data.data(), ffn, dim, h_.data(), dim, columns, gate_.data(), ffn);
-      kernels::matmul(w.up.data.data(), ffn, dim, h_.data(), dim, columns, up_.data(), ffn);
+      product(w.gate.data.data(), ffn, dim, h_.data(), dim, columns, gate_.data(), ffn);
+      product(w.up.data.data(), ffn, dim, h_.data(), dim, columns, up_.data(), ffn);
       kernels::silu_mul(gate_.data(), up_.data(), columns * ffn);
-      kernels::matmul(w.down.data.data(), dim, ffn, gate_.data(), ffn, columns, t_.data(), dim);
+      product(w.down.data.data(), dim, ffn, gate_.data(), ffn, columns, t_.data(), dim);
       for (std::size_t i = 0; i < columns * dim; ++i) x_[i] += t_[i];
     }
   }
@@ -393,7 +421,14 @@ class Engine {
     }
   }
 
+  // Products with fewer multiply-adds than this run on one thread (the draft's small
+  // matrices: handing them out would cost more than it saves).
+  static constexpr std::size_t parallel_work = std::size_t{1} << 15;
+  static constexpr std::size_t row_quantum = 24;  // a multiple of every kernel tile height
+  static constexpr std::size_t chunks_per_thread = 2;
+
   const Model* model_;
+  ThreadPool* threads_;
   Config config_;
   std::size_t capacity_;
   specdec::CachedContext cache_;
