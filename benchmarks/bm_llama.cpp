@@ -1,13 +1,16 @@
 // Speculative decoding of a real transformer: the shipped llama pair (examples/llama/models)
 // in the example engine (examples/llama), on this machine.
 //
-// BM_Forward/<model>/<b>: one forward pass of b new positions at context 128 (b = 1: what
-//   plain decoding costs per token; b = gamma + 1: what one speculative step costs the
-//   target). Time per pass. Counters, all ratios of medians measured interleaved in the
-//   same loop:
+// Threads: the engines' matrix products run on a llama::ThreadPool of LLAMA_THREADS threads
+// (default: one per hardware thread), as llama_generate and the demo run them.
+//
+// BM_Forward/<model>/t<threads>/<b>: one forward pass of b new positions at context 128
+//   (b = 1: what plain decoding costs per token; b = gamma + 1: what one speculative step
+//   costs the target), on one thread (t1) and on all of the pool's. Time per pass.
+//   Counters, all ratios of medians measured interleaved in the same loop:
 //     vs_one_position  this pass / a pass of 1 position (Theorem 3.8 assumes 1)
-//     vs_weight_read   this pass / a pure streaming read of the model's F32 weights (the
-//                      bytes one pass must touch: the memory-bound floor)
+//     vs_weight_read   this pass / a pure streaming read of the model's F32 weights on as
+//                      many threads (the bytes one pass must touch: the memory-bound floor)
 // BM_Generate/<drafter>/<T0|T1>: generation of 128 tokens after a fixed prompt (no stop
 //   token), plain and speculative runs alternating, one of each per iteration. The time is
 //   the speculative run's. Counters:
@@ -34,12 +37,15 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -74,11 +80,21 @@ double seconds_since(clock_type::time_point start) {
 
 using llama::median;
 
+// Threads of the engines' matrix products: LLAMA_THREADS, or one per hardware thread.
+std::size_t env_threads() {
+  const char* t = std::getenv("LLAMA_THREADS");
+  return t != nullptr ? std::strtoul(t, nullptr, 10) : 0;
+}
+
 struct Pair {
+  llama::ThreadPool pool{env_threads()};
   llama::Model target_model{std::string(SPECDEC_LLAMA_MODELS) + "/target.gguf"};
   llama::Model draft_model{std::string(SPECDEC_LLAMA_MODELS) + "/draft.gguf"};
-  llama::Engine target{target_model};
-  llama::Engine draft{draft_model};
+  llama::Engine target{target_model, 0, &pool};
+  llama::Engine draft{draft_model, 0, &pool};
+  llama::ThreadPool one_thread{1};  // BM_Forward's single-thread variant
+  llama::Engine target_one{target_model, 0, &one_thread};
+  llama::Engine draft_one{draft_model, 0, &one_thread};
   std::vector<token_id> prompt = target_model.tokenizer().encode(prompt_text);
   std::vector<token_id> context;  // the prompt and a greedy continuation
   std::size_t new_tokens = 0;     // per generation
@@ -137,21 +153,32 @@ unsigned read_floats(const float* data, std::size_t n) {
   return out;
 }
 
-unsigned read_weights(const llama::Model& model) {
-  unsigned out = read_floats(model.output().data.data(), model.output().data.size());
+// On every thread of `pool`, each reading its share of each matrix.
+unsigned read_weights(const llama::Model& model, llama::ThreadPool& pool) {
+  std::atomic<unsigned> out{0};
+  const auto read = [&](const std::vector<float>& m) {
+    const std::size_t n = pool.size();
+    const std::size_t share = (m.size() / n + 31) / 32 * 32;
+    pool.run(n, [&](std::size_t i) {
+      const std::size_t begin = std::min(m.size(), i * share);
+      const std::size_t end = i + 1 == n ? m.size() : std::min(m.size(), begin + share);
+      out.fetch_or(read_floats(m.data() + begin, end - begin), std::memory_order_relaxed);
+    });
+  };
+  read(model.output().data);
   for (const llama::Layer& l : model.layers()) {
-    for (const llama::Matrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) {
-      out |= read_floats(m->data.data(), m->data.size());
-    }
+    for (const llama::Matrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) read(m->data);
   }
-  return out;
+  return out.load();
 }
 
 // ---- one forward pass of b positions ----------------------------------------------------
 
-void BM_Forward(benchmark::State& state, bool of_target) {
+void BM_Forward(benchmark::State& state, bool of_target, bool all_threads) {
   Pair& p = pair();
-  llama::Engine& engine = of_target ? p.target : p.draft;
+  llama::Engine& engine =
+      of_target ? (all_threads ? p.target : p.target_one) : (all_threads ? p.draft : p.draft_one);
+  llama::ThreadPool& pool = all_threads ? p.pool : p.one_thread;
   const llama::Model& model = of_target ? p.target_model : p.draft_model;
   const auto b = static_cast<std::size_t>(state.range(0));
   std::vector<token_id> a = p.context;
@@ -174,13 +201,14 @@ void BM_Forward(benchmark::State& state, bool of_target) {
     benchmark::DoNotOptimize(engine.score_draft_logits(context == a ? other : a, none).data());
     single.push_back(seconds_since(start));
     start = clock_type::now();
-    benchmark::DoNotOptimize(read_weights(model));
+    benchmark::DoNotOptimize(read_weights(model, pool));
     read.push_back(seconds_since(start));
   }
   state.counters["vs_one_position"] = median(pass) / median(single);
   state.counters["vs_weight_read"] = median(pass) / median(read);
   state.counters["weight_MB"] = static_cast<double>(model.streamed_bytes()) / 1e6;
-  state.SetLabel(of_target ? "target" : "draft");
+  state.SetLabel(std::string(of_target ? "target, " : "draft, ") + std::to_string(pool.size()) +
+                 (pool.size() == 1 ? " thread" : " threads"));
 }
 
 // ---- generation, plain vs speculative ---------------------------------------------------
@@ -245,11 +273,17 @@ void BM_Generate(benchmark::State& state, llama::drafter_kind kind, double tempe
 }
 
 void register_benchmarks() {
-  for (const bool of_target : {true, false}) {
-    auto* b = benchmark::RegisterBenchmark(of_target ? "BM_Forward/target" : "BM_Forward/draft",
-                                           BM_Forward, of_target);
-    for (const int width : {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16}) b->Arg(width);
-    b->UseManualTime()->Unit(benchmark::kMicrosecond);
+  const std::size_t threads =
+      env_threads() != 0 ? env_threads() : std::max(1U, std::thread::hardware_concurrency());
+  for (const bool all_threads : {false, true}) {
+    if (all_threads && threads == 1) continue;
+    for (const bool of_target : {true, false}) {
+      const std::string name = std::string(of_target ? "BM_Forward/target" : "BM_Forward/draft") +
+                               "/t" + std::to_string(all_threads ? threads : 1);
+      auto* b = benchmark::RegisterBenchmark(name.c_str(), BM_Forward, of_target, all_threads);
+      for (const int width : {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 16}) b->Arg(width);
+      b->UseManualTime()->Unit(benchmark::kMicrosecond);
+    }
   }
   for (const double temperature : {0.0, 1.0}) {
     for (const llama::drafter_kind kind :

@@ -157,8 +157,9 @@ int run_llama_demo(const LlamaDemoOptions& options) {
   const double load_seconds = seconds_since(load_start);
   const llama::Tokenizer& tokenizer = target_model.tokenizer();
   const std::vector<token_id> prompt = tokenizer.encode(options.prompt);
-  llama::Engine target(target_model);
-  llama::Engine draft(draft_model);
+  llama::ThreadPool pool(options.threads);
+  llama::Engine target(target_model, 0, &pool);
+  llama::Engine draft(draft_model, 0, &pool);
   const TokenText shown = token_text(tokenizer);
   std::string description;
   if (const auto file = llama::GgufFile(options.target); file.find("general.description")) {
@@ -177,10 +178,10 @@ int run_llama_demo(const LlamaDemoOptions& options) {
       model_line("target  M_p", target_model),
       model_line("draft   M_q", draft_model),
       description.empty() ? "" : "models  " + description,
-      format("engine  examples/llama: KV cache, one forward pass per target call, %s kernels; "
-             "loaded in %.2f s",
-             std::string(llama::kernels::to_string(llama::kernels::active())).c_str(),
-             load_seconds),
+      format("engine  examples/llama: KV cache, one forward pass per target call, %s kernels, "
+             "%zu thread%s; loaded in %.2f s",
+             std::string(llama::kernels::to_string(llama::kernels::active())).c_str(), pool.size(),
+             pool.size() == 1 ? "" : "s", load_seconds),
       format("prompt  %zu tokens; %zu new tokens per generation, gamma = %zu", prompt.size(),
              options.tokens, options.gamma),
   });

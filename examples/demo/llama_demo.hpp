@@ -43,6 +43,7 @@ struct LlamaDemoOptions {
   std::size_t repetitions = 5;  // timed runs of each kind (medians)
   std::size_t exactness_runs = 2000;
   std::uint64_t seed = 7;
+  std::size_t threads = 0;  // for the matrix products (0: one per hardware thread)
   std::string html;
   bool help = false;
 };
@@ -73,6 +74,8 @@ options:
   --exactness-runs N   samples of the first generated token for the exactness check
                        (default 2000; 0 skips it)
   --seed S             random seed (default 7)
+  --threads N          threads for the engine's matrix products, plain and speculative
+                       runs alike (default 0: one per hardware thread)
   --html FILE          also write the traces and tables as an HTML page
   --help               show this help
 )";
@@ -94,8 +97,8 @@ inline LlamaDemoOptions parse_llama_options(const std::vector<std::string>& args
       continue;
     }
     static const std::vector<std::string> known = {
-        "--target",      "--draft",       "--prompt",         "--tokens", "--gamma",
-        "--temperature", "--repetitions", "--exactness-runs", "--seed",   "--html"};
+        "--target",      "--draft",          "--prompt", "--tokens",  "--gamma", "--temperature",
+        "--repetitions", "--exactness-runs", "--seed",   "--threads", "--html"};
     if (std::find(known.begin(), known.end(), name) == known.end())
       throw usage_error("unknown option '" + name + "'");
     if (!has_value) {
@@ -120,6 +123,8 @@ inline LlamaDemoOptions parse_llama_options(const std::vector<std::string>& args
       options.exactness_runs = detail::parse_unsigned(name, value, 0, 10000000);
     } else if (name == "--seed") {
       options.seed = detail::parse_unsigned(name, value, 0, ~std::uint64_t{0});
+    } else if (name == "--threads") {
+      options.threads = detail::parse_unsigned(name, value, 0, 1024);
     } else if (name == "--html") {
       if (value.empty()) throw usage_error("--html needs a file name");
       options.html = value;

@@ -47,6 +47,8 @@ models and drafting:
   --tree-shape LIST    token tree for --drafter tree: children per depth, e.g. 2,2,1
                        (default: a chain of 4 with second candidates at depths 1 and 2)
   --ctx N              KV cache positions (default: the model's context length)
+  --threads N          threads for the matrix products (default 0: one per hardware
+                       thread; 1: the calling thread only). Output does not depend on it.
 
 prompt and sampling:
   --prompt TEXT        prompt text (encoded with the model's tokenizer, BOS first)
@@ -69,7 +71,7 @@ struct Arguments {
   std::optional<llama::drafter_kind> drafter;
   bool plain = false, ids = false, stats = false, ignore_eos = false;
   bool model_given = false, draft_given = false;
-  std::size_t n = 128, gamma = 4, ctx = 0;
+  std::size_t n = 128, gamma = 4, ctx = 0, threads = 0;
   double temperature = 1.0, top_p = 1.0;
   std::size_t top_k = 0;
   std::uint64_t seed = 0;
@@ -161,6 +163,8 @@ Arguments parse(int argc, char** argv) {
       a.tree_shape = parse_list(flag, value());
     } else if (flag == "--ctx") {
       a.ctx = parse_size(flag, value());
+    } else if (flag == "--threads") {
+      a.threads = parse_size(flag, value());
     } else if (flag == "--ids") {
       a.ids = true;
     } else if (flag == "--stats") {
@@ -287,9 +291,10 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
 
-    llama::Engine target(target_model, a.ctx);
+    llama::ThreadPool pool(a.threads);
+    llama::Engine target(target_model, a.ctx, &pool);
     std::optional<llama::Engine> draft;
-    if (draft_model) draft.emplace(*draft_model, a.ctx);
+    if (draft_model) draft.emplace(*draft_model, a.ctx, &pool);
     llama::RunResult result;
     try {
       result = a.plain ? llama::generate_plain(target, prompt, options)
@@ -319,6 +324,7 @@ int main(int argc, char** argv) {
           stderr, "mode: %s\n",
           a.plain ? "plain"
                   : ("speculative, drafter " + std::string(llama::to_string(*a.drafter))).c_str());
+      std::fprintf(stderr, "threads: %zu\n", pool.size());
       std::fprintf(stderr, "tokens: %zu in %.3f s: %.1f tokens/s (stop: %s)\n",
                    result.tokens.size(), result.seconds, result.tokens_per_second(),
                    std::string(specdec::to_string(result.stop)).c_str());
