@@ -69,7 +69,7 @@ class Engine {
     const std::size_t kv = config_.layers * capacity_ * config_.kv_dim();
     keys_.assign(kv, 0.0F);
     values_.assign(kv, 0.0F);
-    scores_.resize(capacity_);
+    scores_.resize(attention_tasks * capacity_);
     const std::size_t pairs = config_.rope_dims / 2;
     inverse_frequencies_.resize(pairs);
     for (std::size_t i = 0; i < pairs; ++i) {
@@ -369,7 +369,21 @@ class Engine {
         std::copy_n(k_.data() + j * kv_dim, kv_dim, key(layer, entries_[j].slot));
         std::copy_n(v_.data() + j * kv_dim, kv_dim, value(layer, entries_[j].slot));
       }
-      for (std::size_t j = 0; j < columns; ++j) attend(layer, j, group, scale);
+      // Each column attends on its own, so runs of columns go to the pool's threads, each
+      // with a scores row of its own.
+      const std::size_t tasks =
+          threads_ != nullptr ? std::min(columns, attention_tasks) : std::size_t{1};
+      const auto attend_run = [&](std::size_t i) {
+        float* scores = scores_.data() + i * capacity_;
+        for (std::size_t j = i * columns / tasks; j < (i + 1) * columns / tasks; ++j) {
+          attend(layer, j, group, scale, scores);
+        }
+      };
+      if (tasks > 1) {
+        threads_->run(tasks, attend_run);
+      } else {
+        attend_run(0);
+      }
       product(w.o.data.data(), dim, q_dim, a_.data(), q_dim, columns, t_.data(), dim);
       for (std::size_t i = 0; i < columns * dim; ++i) x_[i] += t_[i];
       for (std::size_t j = 0; j < columns; ++j) {
@@ -385,8 +399,10 @@ class Engine {
 
   // Attention of entry j in `layer`: softmax(q k / sqrt(d)) v over its allowed slots, in
   // slot order (the prefix [0, prefix), then the tree ancestors); each entry on its own, so
-  // the result does not depend on the batch.
-  void attend(std::size_t layer, std::size_t j, std::size_t group, float scale) {
+  // the result does not depend on the batch. Writes only column j of a_ and `scores` (room
+  // for capacity_ values), so entries with their own `scores` may attend concurrently.
+  void attend(std::size_t layer, std::size_t j, std::size_t group, float scale,
+              float* scores) noexcept {
     const Config& c = config_;
     const Entry& e = entries_[j];
     const std::size_t hd = c.head_dim, kv_dim = c.kv_dim();
@@ -397,26 +413,26 @@ class Engine {
     for (std::size_t h = 0; h < c.heads; ++h) {
       const float* q = q_.data() + j * c.q_dim() + h * hd;
       const std::size_t offset = (h / group) * hd;
-      kernels::attention_scores(q, keys + offset, kv_dim, e.prefix, hd, scale, scores_.data());
+      kernels::attention_scores(q, keys + offset, kv_dim, e.prefix, hd, scale, scores);
       for (std::size_t x = 0; x < extras; ++x) {
         const std::size_t slot = extra_slots_[e.extra_begin + x];
         kernels::attention_scores(q, keys + slot * kv_dim + offset, kv_dim, 1, hd, scale,
-                                  scores_.data() + e.prefix + x);
+                                  scores + e.prefix + x);
       }
       float maximum = -std::numeric_limits<float>::infinity();
-      for (std::size_t t = 0; t < count; ++t) maximum = std::max(maximum, scores_[t]);
-      kernels::exp_shifted(scores_.data(), count, maximum);
+      for (std::size_t t = 0; t < count; ++t) maximum = std::max(maximum, scores[t]);
+      kernels::exp_shifted(scores, count, maximum);
       float sum = 0.0F;
-      for (std::size_t t = 0; t < count; ++t) sum += scores_[t];
+      for (std::size_t t = 0; t < count; ++t) sum += scores[t];
       const float inverse = 1.0F / sum;
-      for (std::size_t t = 0; t < count; ++t) scores_[t] *= inverse;
+      for (std::size_t t = 0; t < count; ++t) scores[t] *= inverse;
       float* out = a_.data() + j * c.q_dim() + h * hd;
       std::fill_n(out, hd, 0.0F);
-      kernels::attention_values(scores_.data(), values + offset, kv_dim, e.prefix, hd, out);
+      kernels::attention_values(scores, values + offset, kv_dim, e.prefix, hd, out);
       for (std::size_t x = 0; x < extras; ++x) {
         const std::size_t slot = extra_slots_[e.extra_begin + x];
-        kernels::attention_values(scores_.data() + e.prefix + x, values + slot * kv_dim + offset,
-                                  kv_dim, 1, hd, out);
+        kernels::attention_values(scores + e.prefix + x, values + slot * kv_dim + offset, kv_dim, 1,
+                                  hd, out);
       }
     }
   }
@@ -426,6 +442,7 @@ class Engine {
   static constexpr std::size_t parallel_work = std::size_t{1} << 15;
   static constexpr std::size_t row_quantum = 24;  // a multiple of every kernel tile height
   static constexpr std::size_t chunks_per_thread = 2;
+  static constexpr std::size_t attention_tasks = 16;  // runs of columns per attention step
 
   const Model* model_;
   ThreadPool* threads_;
