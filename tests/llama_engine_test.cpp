@@ -15,11 +15,9 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <filesystem>
 #include <limits>
 #include <span>
 #include <string>
-#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -79,16 +77,9 @@ std::string name_of(const TinyLlama& s) {
          std::to_string(s.seed);
 }
 
-// A tiny random model with `shape`. The model holds its weights in memory, so the file it was
-// written to goes right away.
+// A tiny random model with `shape`.
 Model load_tiny(const TinyLlama& shape) {
-  const auto directory = specdec::testing::scratch_directory("llama-engine-test");
-  const auto path = directory / (name_of(shape) + ".gguf");
-  Model model(specdec::testing::write_tiny_llama(path, shape).string());
-  std::error_code ignored;  // a file left behind in the temporary directory is harmless
-  std::filesystem::remove(path, ignored);
-  std::filesystem::remove(directory, ignored);  // only if empty
-  return model;
+  return specdec::testing::load_tiny_llama(shape, name_of(shape));
 }
 
 // The shipped pair and its reference logits (examples/llama/models, see

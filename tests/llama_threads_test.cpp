@@ -11,10 +11,8 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
-#include <filesystem>
 #include <span>
 #include <string>
-#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -103,24 +101,18 @@ TEST_CASE(
 // at a single position and all of them do in a batch; row counts that are not multiples of
 // the chunk height.
 Model load_model() {
-  specdec::testing::TinyLlama shape{.vocab = 403,
-                                    .dim = 96,
-                                    .layers = 2,
-                                    .heads = 4,
-                                    .kv_heads = 2,
-                                    .ffn = 358,
-                                    .context = 96,
-                                    .tied = false,
-                                    .f16 = false,
-                                    .weight_scale = 0.25F,
-                                    .seed = 7};
-  const auto directory = specdec::testing::scratch_directory("llama-threads-test");
-  const auto path = directory / "threads.gguf";
-  Model model(specdec::testing::write_tiny_llama(path, shape).string());
-  std::error_code ignored;
-  std::filesystem::remove(path, ignored);
-  std::filesystem::remove(directory, ignored);
-  return model;
+  return specdec::testing::load_tiny_llama({.vocab = 403,
+                                            .dim = 96,
+                                            .layers = 2,
+                                            .heads = 4,
+                                            .kv_heads = 2,
+                                            .ffn = 358,
+                                            .context = 96,
+                                            .tied = false,
+                                            .f16 = false,
+                                            .weight_scale = 0.25F,
+                                            .seed = 7},
+                                           "threads");
 }
 
 Logits to_logits(specdec::RowsView<const float> rows) {

@@ -294,6 +294,16 @@ class Engine {
     pending_tree_ = false;
   }
 
+  // task(0), ..., task(tasks - 1): on the pool's threads if the engine has a pool.
+  template <class Task>
+  void parallel(std::size_t tasks, Task&& task) {
+    if (threads_ != nullptr) {
+      threads_->run(tasks, task);
+    } else {
+      for (std::size_t i = 0; i < tasks; ++i) task(i);
+    }
+  }
+
   // y = W x for `columns` columns (kernels::matmul), split by rows over the thread pool
   // when there is enough work to share: every output element is computed the same way
   // whichever thread computes it.
@@ -309,7 +319,7 @@ class Engine {
         (rows + chunks_per_thread * threads - 1) / (chunks_per_thread * threads);
     const std::size_t chunk = (wanted + row_quantum - 1) / row_quantum * row_quantum;
     const std::size_t tasks = (rows + chunk - 1) / chunk;
-    threads_->run(tasks, [&](std::size_t i) {
+    parallel(tasks, [&](std::size_t i) {
       const std::size_t begin = i * chunk;
       const std::size_t n = std::min(chunk, rows - begin);
       kernels::matmul(w + begin * cols, n, cols, x, x_stride, columns, y + begin, y_stride);
@@ -373,17 +383,12 @@ class Engine {
       // with a scores row of its own.
       const std::size_t tasks =
           threads_ != nullptr ? std::min(columns, attention_tasks) : std::size_t{1};
-      const auto attend_run = [&](std::size_t i) {
+      parallel(tasks, [&](std::size_t i) {
         float* scores = scores_.data() + i * capacity_;
         for (std::size_t j = i * columns / tasks; j < (i + 1) * columns / tasks; ++j) {
           attend(layer, j, group, scale, scores);
         }
-      };
-      if (tasks > 1) {
-        threads_->run(tasks, attend_run);
-      } else {
-        attend_run(0);
-      }
+      });
       product(w.o.data.data(), dim, q_dim, a_.data(), q_dim, columns, t_.data(), dim);
       for (std::size_t i = 0; i < columns * dim; ++i) x_[i] += t_[i];
       for (std::size_t j = 0; j < columns; ++j) {

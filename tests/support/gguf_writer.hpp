@@ -12,6 +12,7 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -71,7 +72,8 @@ class GgufWriter {
     ++metadata_count_;
   }
   /// A metadata entry with raw bytes after its type (for malformed files).
-  void add_raw(const std::string& key, std::uint32_t type, const std::vector<unsigned char>& bytes) {
+  void add_raw(const std::string& key, std::uint32_t type,
+               const std::vector<unsigned char>& bytes) {
     key_(key);
     put_u32(type);
     raw(bytes.data(), bytes.size());
@@ -341,6 +343,19 @@ inline std::filesystem::path scratch_directory(const std::string& name) {
                    ("specdec-" + name + "-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   return dir;
+}
+
+/// A random tiny llama model with `shape`, written to a scratch file named `name` and loaded.
+/// The model holds its weights in memory, so the file (and its directory, if empty) goes
+/// right away; a file left behind in the temporary directory would be harmless.
+inline llama::Model load_tiny_llama(const TinyLlama& shape, const std::string& name) {
+  const auto directory = scratch_directory("tiny-llama");
+  const auto path = directory / (name + ".gguf");
+  llama::Model model(write_tiny_llama(path, shape).string());
+  std::error_code ignored;
+  std::filesystem::remove(path, ignored);
+  std::filesystem::remove(directory, ignored);  // only if empty
+  return model;
 }
 
 }  // namespace specdec::testing
