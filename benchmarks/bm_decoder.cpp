@@ -1,19 +1,23 @@
-// SpeculativeDecoder overhead per emitted token, excluding model time: the models return
+// SpeculativeDecoder overhead per step, excluding model time: the models return
 // precomputed float rows (a batched target scoring gamma + 1 prefixes in one call, a draft
-// returning one row per call), V = 32000 and 128000, gamma = 4, alpha about 0.8.
+// returning one row per call), V = 32000 and 128000, gamma = 4, alpha about 0.8 at T = 1.
 //
-// Each iteration is one decoder.step() on a fixed context. Counters:
+// Each iteration times, interleaved and in a rotating order (baseline.hpp), on thread CPU
+// time: one decoder.step() on a fixed context; the pure read of the 2 gamma + 1 rows the
+// step is given (an integer OR over their bits: the floor for any code that looks at every
+// row once); and, for T = 1 and greedy, the fair peer's step (peer.hpp: gamma draws from the
+// draft rows, then Algorithm 1 as vLLM and Hugging Face structure it, no checks). The rows
+// are either in cache or evicted to DRAM before each timed call. The time reported is the
+// decoder step's median. Counters:
 //   tokens_per_step  emitted tokens per step
-//   ns_per_token     decoder time per emitted token (all of it is overhead: the models
-//                    only return views of stored rows)
-//   vs_row_read      decoder time per step / time of one streaming read (a sum) of the
-//                    2 gamma + 1 rows the step is given, measured in the same run: the
-//                    floor for any code that looks at every row once
-//   allocs_per_step  heap allocations per step (global operator new is replaced by
-//                    tests/support/counting_allocator.hpp, counted during the timed
-//                    loop); must be 0
-// Variants: sampling identity (T = 1), truncated (T = 0.7, top-k 50, top-p 0.9) and greedy;
-// "novalidate" turns validate_rows and collect_beta off (the cheapest configuration).
+//   vs_read          decoder step / pure read of its rows (medians)
+//   vs_peer          peer step / decoder step (above 1: specdec is faster)
+//   allocs_per_step  heap allocations per decoder step (global operator new is replaced by
+//                    tests/support/counting_allocator.hpp); must be 0
+// Variants: sampling identity (T = 1), truncated (T = 0.7, top-k 50, top-p 0.9) and greedy
+// (the draft's argmax differs from the target's at the fourth position: 3 drafts accepted
+// and a correction every step); "checks 0" turns validate_rows and collect_beta off (the
+// cheapest configuration; the peer never checks).
 #include <benchmark/benchmark.h>
 
 #include <Eigen/Core>
@@ -29,6 +33,8 @@
 #include <span>
 #include <vector>
 
+#include "baseline.hpp"
+#include "peer.hpp"
 #include "specdec/gamma_policy.hpp"
 #include "specdec/random.hpp"
 #include "specdec/rows.hpp"
@@ -66,6 +72,19 @@ struct RowBank {
         };
         logits[j] = 2.5 * normal();
         perturbed[j] = logits[j] + 0.35 * normal();
+      }
+      // Greedy drafts agree with the target's argmax except at position 3 (mod 8), where
+      // the draft's argmax is the target's second choice.
+      const auto top =
+          static_cast<std::size_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      const double draft_top = *std::max_element(perturbed.begin(), perturbed.end());
+      perturbed[top] = draft_top + 1.0;
+      if (r == 3) {
+        std::size_t second = top == 0 ? 1 : 0;
+        for (std::size_t j = 0; j < vocab; ++j) {
+          if (j != top && logits[j] > logits[second]) second = j;
+        }
+        perturbed[second] = draft_top + 2.0;
       }
       write_softmax(logits, r, target);
       write_softmax(perturbed, r, draft);
@@ -117,32 +136,37 @@ struct PrecomputedDraft {
   }
 };
 
-// Seconds for one streaming read (a vectorized sum) of the 2 gamma + 1 rows a step is
-// given: the fastest of several repetitions.
-double row_read_seconds(const RowBank& rows) {
-  const auto sum = [](std::span<const float> values) {
-    return Eigen::Map<const Eigen::ArrayXf>(values.data(), static_cast<Eigen::Index>(values.size()))
-        .sum();
-  };
-  double best = 1e9;
-  for (int repetition = 0; repetition < 9; ++repetition) {
-    const auto start = std::chrono::steady_clock::now();
-    float total = 0.0F;
-    for (std::size_t i = 0; i < gamma; ++i) total += sum(rows.row(rows.draft, i));
-    total += sum({rows.row(rows.target, 0).data(), (gamma + 1) * rows.vocab});
-    benchmark::DoNotOptimize(total);
-    best = std::min(
-        best, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-  return best;
-}
-
 enum class mode { identity, truncated, greedy };
 
+// The peer's step over the same rows: gamma draft tokens drawn from (or, greedy, the
+// argmax of) q rows, then its Algorithm 1. Returns the emitted token count.
+struct PeerStep {
+  const RowBank* rows;
+  specdec::peer::Algorithm1 algorithm;
+  std::vector<token_id> drafts;
+  std::size_t operator()(std::size_t position, bool greedy, specdec::xoshiro256pp& g) {
+    drafts.clear();
+    const std::size_t vocab = rows->vocab;
+    for (std::size_t i = 0; i < gamma; ++i) {
+      const float* q = rows->row(rows->draft, position + i).data();
+      drafts.push_back(greedy ? static_cast<token_id>(std::max_element(q, q + vocab) - q)
+                              : algorithm.draw(q, g));
+    }
+    const specdec::RowsView<const float> p(rows->row(rows->target, position).data(), gamma + 1,
+                                           vocab);
+    const specdec::RowsView<const float> q(rows->row(rows->draft, position).data(), gamma, vocab);
+    const auto verdict =
+        greedy ? algorithm.verify_greedy(drafts, p) : algorithm.verify(drafts, q, p, g);
+    return verdict.accepted + 1;
+  }
+};
+
 void BM_DecoderStep(benchmark::State& state) {
+  namespace bl = specdec::baseline;
   const auto vocab = static_cast<std::size_t>(state.range(0));
   const auto sampling_mode = static_cast<mode>(state.range(1));
   const bool checks = state.range(2) != 0;
+  const auto where = static_cast<bl::residence>(state.range(3));
   const RowBank& rows = bank(vocab);
   PrecomputedTarget target{&rows};
   PrecomputedDraft draft{&rows};
@@ -157,40 +181,89 @@ void BM_DecoderStep(benchmark::State& state) {
   const std::vector<token_id> context(128, 1);
   decoder.reserve(context.size());
   specdec::xoshiro256pp g(7);
+  specdec::xoshiro256pp peer_g(7);
+  PeerStep peer{&rows, specdec::peer::Algorithm1(vocab), {}};
+  peer.drafts.reserve(gamma);
+  const bool has_peer = sampling_mode != mode::truncated;
   (void)decoder.step(context, g);  // warm up the workspace
 
-  const double read_seconds = row_read_seconds(rows);
+  // The rows the step is given: gamma draft rows, the target's gamma + 1.
+  std::vector<std::span<const float>> given;
+  for (std::size_t i = 0; i < gamma; ++i) given.push_back(rows.row(rows.draft, context.size() + i));
+  given.emplace_back(rows.row(rows.target, context.size()).data(), (gamma + 1) * vocab);
+
   std::size_t tokens = 0;
   std::size_t steps = 0;
-  specdec::testing::AllocationCounter counter;
-  const auto start = std::chrono::steady_clock::now();
-  for (auto _ : state) {
+  std::size_t peer_tokens = 0;
+  std::size_t peer_steps = 0;
+  std::size_t allocations = 0;
+  const auto step = [&] {
+    const std::size_t before = specdec::testing::allocation_count;
     const auto result = decoder.step(context, g);
+    allocations += specdec::testing::allocation_count - before;
     tokens += result.tokens.size();
     ++steps;
     benchmark::DoNotOptimize(result.tokens.data());
+  };
+  const auto read = [&] { benchmark::DoNotOptimize(bl::read_rows(given)); };
+  const auto peer_step = [&] {
+    peer_tokens += peer(context.size(), sampling_mode == mode::greedy, peer_g);
+    ++peer_steps;
+  };
+  std::vector<double> step_seconds, read_seconds, peer_seconds;
+  step_seconds.reserve(1U << 16U);
+  read_seconds.reserve(1U << 16U);
+  peer_seconds.reserve(1U << 16U);
+  std::size_t turn = 0;
+  specdec::testing::AllocationCounter counter;
+  for (auto _ : state) {
+    double seconds = 0.0;
+    for (std::size_t k = 0; k < 3; ++k) {
+      switch ((turn + k) % 3) {
+        case 0:
+          seconds = bl::sample(where, 1, step);
+          step_seconds.push_back(seconds);
+          break;
+        case 1:
+          read_seconds.push_back(bl::sample(where, 1, read));
+          break;
+        default:
+          if (has_peer) peer_seconds.push_back(bl::sample(where, 1, peer_step));
+          break;
+      }
+    }
+    ++turn;
+    state.SetIterationTime(seconds);
   }
-  const double elapsed =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const std::size_t allocations = counter.stop();
-  state.SetItemsProcessed(static_cast<std::int64_t>(tokens));
+  (void)counter.stop();
+  const double step_median = bl::median(step_seconds);
   const auto step_count = static_cast<double>(steps);
   state.counters["tokens_per_step"] = static_cast<double>(tokens) / step_count;
-  state.counters["ns_per_token"] = 1e9 * elapsed / static_cast<double>(tokens);
-  state.counters["vs_row_read"] = elapsed / step_count / read_seconds;
+  state.counters["step_us"] = 1e6 * step_median;
+  if (step_median > 0.0) {
+    state.counters["vs_read"] = step_median / bl::median(read_seconds);
+    if (has_peer) {
+      state.counters["vs_peer"] = bl::median(peer_seconds) / step_median;
+      state.counters["peer_tokens_per_step"] =
+          static_cast<double>(peer_tokens) / static_cast<double>(peer_steps);
+    }
+  }
   state.counters["allocs_per_step"] = static_cast<double>(allocations) / step_count;
   state.counters["acceptance"] = decoder.statistics().acceptance_rate();
+  state.SetLabel(where == bl::residence::cache ? "rows in cache" : "rows in DRAM");
 }
 
 void decoder_arguments(benchmark::internal::Benchmark* benchmark) {
-  benchmark->ArgNames({"V", "mode", "checks"});
-  for (const std::int64_t vocab : {32000, 128000}) {
-    for (const std::int64_t sampling : {0, 1, 2}) {
-      for (const std::int64_t checks : {1, 0}) benchmark->Args({vocab, sampling, checks});
+  benchmark->ArgNames({"V", "mode", "checks", "dram"});
+  for (const std::int64_t where : {0, 1}) {
+    for (const std::int64_t vocab : {32000, 128000}) {
+      for (const std::int64_t sampling : {0, 1, 2}) {
+        for (const std::int64_t checks : {1, 0}) benchmark->Args({vocab, sampling, checks, where});
+      }
     }
   }
 }
 
-BENCHMARK(BM_DecoderStep)->Apply(decoder_arguments)->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_DecoderStep)->Apply(decoder_arguments)->UseManualTime()->Unit(benchmark::kMicrosecond);
 
 }  // namespace

@@ -1,0 +1,130 @@
+// The fair peer the benchmarks compare specdec with: Algorithm 1 written the way vLLM's
+// rejection sampler, Hugging Face's _speculative_sampling and FlashInfer structure it, by a
+// competent C++ engineer, with none of specdec's checks.
+//
+//   chain:  for each draft x_i, accept when u_i * q_i(x_i) < p_i(x_i) (u_i < p/q without a
+//           division); at the first rejection one pass writes max(0, p_i - q_i) into a
+//           buffer allocated once, with its sum in eight float accumulators and the mass
+//           of every block of 1024 entries, then one inverse-CDF draw walks the block masses
+//           and then the entries of one block; after gamma acceptances the bonus token is
+//           drawn from p_{gamma+1} the same way (its block masses summed first).
+//   greedy: the argmax of each target row in turn (std::max_element), accepting while it
+//           equals the draft; the argmax of the first mismatching row (or of p_{gamma+1})
+//           is the token.
+//   draft:  sampling x_i from a draft row: its block masses, then one inverse-CDF draw.
+//
+// Rows are trusted: no validation, no statistics, no standardisation (T = 1 only).
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "specdec/random.hpp"
+#include "specdec/rows.hpp"
+#include "specdec/verification_result.hpp"
+
+namespace specdec::peer {
+
+inline constexpr std::size_t peer_block = 1024;
+
+/// Sum of `count` floats in eight accumulators (vectorises without -ffast-math).
+[[nodiscard]] inline float block_sum(const float* values, std::size_t count) noexcept {
+  std::array<float, 8> lanes{};
+  std::size_t j = 0;
+  for (; j + 8 <= count; j += 8) {
+    for (std::size_t k = 0; k < 8; ++k) lanes[k] += values[j + k];
+  }
+  for (; j < count; ++j) lanes[0] += values[j];
+  return ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5])) +
+         ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+}
+
+class Algorithm1 {
+ public:
+  explicit Algorithm1(std::size_t vocab_size)
+      : vocab_(vocab_size),
+        residual_(vocab_size),
+        masses_((vocab_size + peer_block - 1) / peer_block) {}
+
+  /// Algorithm 1 over gamma draft rows and gamma + 1 target rows (row-major, width V).
+  template <class G>
+  VerificationResult verify(std::span<const token_id> drafts, RowsView<const float> q,
+                            RowsView<const float> p, G& g) {
+    const std::size_t gamma = drafts.size();
+    for (std::size_t i = 0; i < gamma; ++i) {
+      const auto x = static_cast<std::size_t>(drafts[i]);
+      const float p_x = p(i, x);
+      const float q_x = q(i, x);
+      if (uniform01<float>(g) * q_x < p_x) continue;
+      // The residual max(0, p - q) and its block masses in one pass.
+      const float* p_row = p.row(i).data();
+      const float* q_row = q.row(i).data();
+      float total = 0.0F;
+      for (std::size_t b = 0; b < masses_.size(); ++b) {
+        const std::size_t first = b * peer_block;
+        const std::size_t count = std::min(peer_block, vocab_ - first);
+        for (std::size_t j = first; j < first + count; ++j) {
+          const float d = p_row[j] - q_row[j];
+          residual_[j] = d > 0.0F ? d : 0.0F;
+        }
+        masses_[b] = block_sum(residual_.data() + first, count);
+        total += masses_[b];
+      }
+      if (!(total > 0.0F)) return {i, draw(p_row, g), token_source::correction, true};
+      return {i, walk(residual_.data(), total, g), token_source::correction, false};
+    }
+    return {gamma, draw(p.row(gamma).data(), g), token_source::bonus, false};
+  }
+
+  /// A sample from a row of weights (its block masses, then an inverse-CDF walk).
+  template <class G>
+  token_id draw(const float* row, G& g) {
+    float total = 0.0F;
+    for (std::size_t b = 0; b < masses_.size(); ++b) {
+      const std::size_t first = b * peer_block;
+      masses_[b] = block_sum(row + first, std::min(peer_block, vocab_ - first));
+      total += masses_[b];
+    }
+    return walk(row, total, g);
+  }
+
+  /// Greedy verification: argmax per row, accepting while it equals the draft.
+  [[nodiscard]] VerificationResult verify_greedy(std::span<const token_id> drafts,
+                                                 RowsView<const float> p) const {
+    const std::size_t gamma = drafts.size();
+    for (std::size_t i = 0; i <= gamma; ++i) {
+      const float* row = p.row(i).data();
+      const auto best = static_cast<token_id>(std::max_element(row, row + vocab_) - row);
+      if (i == gamma) return {gamma, best, token_source::bonus, false};
+      if (best != drafts[i]) return {i, best, token_source::correction, false};
+    }
+    return {};
+  }
+
+ private:
+  // Inverse CDF over the block masses just computed for `row`.
+  template <class G>
+  token_id walk(const float* row, float total, G& g) const {
+    const float target = uniform01<float>(g) * total;
+    float below = 0.0F;
+    std::size_t b = 0;
+    for (; b + 1 < masses_.size() && below + masses_[b] <= target; ++b) below += masses_[b];
+    const std::size_t first = b * peer_block;
+    const std::size_t last = std::min(first + peer_block, vocab_);
+    std::size_t j = first;
+    for (; j + 1 < last; ++j) {
+      below += row[j] > 0.0F ? row[j] : 0.0F;
+      if (below > target) break;
+    }
+    return static_cast<token_id>(j);
+  }
+
+  std::size_t vocab_;
+  std::vector<float> residual_;
+  std::vector<float> masses_;
+};
+
+}  // namespace specdec::peer
