@@ -440,6 +440,57 @@ TEMPLATE_TEST_CASE("D15 generate: row that does not sum to 1 from a model",
       "target row 0 (step 0, sequence position 2): entries sum to 1.5");
 }
 
+TEMPLATE_TEST_CASE("D13-D15 greedy: the argmax scans validate the rows they take tokens from",
+                   "[errors][speculative_decoder]", float, double) {
+  // Greedy decoding checks rows inside its argmax scans (no separate pass): the same codes
+  // and messages as sampling for NaN, negative and all-zero rows of either model, and no
+  // sum check (argmax does not need one), so an unnormalised row decodes as plain greedy.
+  struct Case {
+    fault how;
+    bool in_target;
+    errc code;
+    const char* message;
+  };
+  for (const Case c :
+       {Case{fault::nan_entry, true, errc::invalid_probability,
+             "target row 1 (step 0, sequence position 3): entry for token 1 is NaN"},
+        Case{fault::negative, true, errc::invalid_probability,
+             "target row 1 (step 0, sequence position 3): entry for token 1 is negative"},
+        Case{fault::zero_row, true, errc::zero_mass,
+             "target row 1 (step 0, sequence position 3): all entries are zero"},
+        Case{fault::nan_entry, false, errc::invalid_probability,
+             "draft row 1 (step 0, sequence position 3): entry for token 1 is NaN"},
+        Case{fault::negative, false, errc::invalid_probability,
+             "draft row 1 (step 0, sequence position 3): entry for token 1 is negative"},
+        Case{fault::zero_row, false, errc::zero_mass,
+             "draft row 1 (step 0, sequence position 3): all entries are zero"}}) {
+    ScriptedModel<TestType> target;
+    ScriptedModel<TestType> draft;
+    (c.in_target ? target : draft).fail_at = 1;
+    (c.in_target ? target : draft).how = c.how;
+    specdec::DecoderOptions options = fixed(2);
+    options.sampling.temperature = 0.0;
+    specdec::SpeculativeDecoder decoder(target, draft, options);
+    check_error(
+        "D13", [&] { (void)decoder.generate(prompt, 8, std::uint64_t{1}); }, c.code, c.message);
+  }
+  for (const bool in_target : {true, false}) {
+    ScriptedModel<TestType> target;
+    ScriptedModel<TestType> draft;
+    (in_target ? target : draft).fail_at = 1;
+    (in_target ? target : draft).how = fault::unnormalized;
+    specdec::DecoderOptions options = fixed(2);
+    options.sampling.temperature = 0.0;
+    specdec::SpeculativeDecoder decoder(target, draft, options);
+    ScriptedModel<TestType> clean_target;
+    ScriptedModel<TestType> clean_draft;
+    specdec::SpeculativeDecoder reference(clean_target, clean_draft, options);
+    INFO("unnormalised row in the " << (in_target ? "target" : "draft"));
+    CHECK(decoder.generate(prompt, 8, std::uint64_t{1}).tokens ==
+          reference.generate(prompt, 8, std::uint64_t{1}).tokens);
+  }
+}
+
 TEMPLATE_TEST_CASE("D16 generate: score_draft returns the wrong number of rows",
                    "[errors][speculative_decoder]", float, double) {
   for (const std::ptrdiff_t extra : {-1, 1}) {

@@ -103,12 +103,12 @@ TEMPLATE_TEST_CASE("is_row_argmax honours ties", "[greedy_verification]", float,
 
 TEMPLATE_TEST_CASE("is_row_argmax stops at the first witness", "[greedy_verification]", float,
                    double) {
-  // Only the entries up to the end of the block holding the first witness (or the
-  // candidate's block, whichever is later) are readable; the rest of the row lies in a guard
+  // Only the entries up to the end of the scan chunk holding the first witness (or the
+  // candidate's chunk, whichever is later) are readable; the rest of the row lies in a guard
   // page (support/guarded_memory.hpp), so a scan that went on past the witness would crash
   // the test. The answer itself cannot tell: with a witness it is false whatever follows.
   using T = TestType;
-  constexpr std::size_t block = specdec::detail::kernel_block;
+  constexpr std::size_t block = specdec::detail::scan_chunk;
   struct Case {
     std::size_t candidate;
     std::size_t witness;
@@ -286,4 +286,76 @@ TEMPLATE_TEST_CASE("verify_greedy_checked rejects bad input", "[greedy_verificat
   rows[2] = T(3);
   CHECK(code_of({0}, target) == specdec::errc::not_normalized);
   CHECK(code_of({}, specdec::RowsView<const T>(rows.data(), 1, 0)) == specdec::errc::invalid_size);
+}
+
+TEMPLATE_TEST_CASE("verify_greedy_screened: verify_greedy's answer, and every bad row it reads",
+                   "[greedy_verification]", float, double) {
+  // The decoder's greedy validation is fused into the argmax scans: on valid rows the
+  // screened verification must give exactly verify_greedy's result, and a NaN, negative or
+  // infinite entry anywhere in a row it takes a token from (every lane, the tails of every
+  // chunk, the candidate itself), or an all-zero row, must stop it at that row.
+  using T = TestType;
+  constexpr T nan = std::numeric_limits<T>::quiet_NaN();
+  constexpr T inf = std::numeric_limits<T>::infinity();
+  constexpr std::size_t chunk = specdec::detail::scan_chunk;
+  specdec::xoshiro256pp g(91);
+  for (const std::size_t size : {std::size_t{1}, std::size_t{7}, std::size_t{33}, chunk - 1, chunk,
+                                 chunk + 1, 3 * chunk + 45}) {
+    for (int trial = 0; trial < 12; ++trial) {
+      const std::size_t gamma = specdec::uniform_below(g, 4);
+      std::vector<T> rows;
+      for (std::size_t i = 0; i <= gamma; ++i) {
+        const auto row = random_row<T>(size, g, trial % 2 == 0 ? 3 : 64);
+        rows.insert(rows.end(), row.begin(), row.end());
+      }
+      // Drafts: the argmax (accepted) until a random position, then a random token.
+      const std::size_t mismatch = specdec::uniform_below(g, gamma + 1);
+      std::vector<token_id> drafts;
+      for (std::size_t i = 0; i < gamma; ++i) {
+        const std::span<const T> row(rows.data() + i * size, size);
+        drafts.push_back(i < mismatch ? specdec::argmax(row)
+                                      : static_cast<token_id>(specdec::uniform_below(g, size)));
+      }
+      const specdec::RowsView<const T> view(rows.data(), gamma + 1, size);
+      std::size_t bad = 0;
+      const auto screened = specdec::detail::verify_greedy_screened<T>(drafts, view, bad);
+      const auto plain = specdec::verify_greedy(std::span<const token_id>(drafts), view);
+      INFO("size " << size << ", gamma " << gamma << ", trial " << trial);
+      REQUIRE(bad == specdec::detail::no_index);
+      CHECK(screened.accepted == plain.accepted);
+      CHECK(screened.token == plain.token);
+      CHECK(screened.source == plain.source);
+      // Poison one entry of a row the verification takes a token from.
+      const std::size_t poisoned_row = specdec::uniform_below(g, plain.accepted + 1);
+      const std::size_t entry =
+          trial < 3 ? (poisoned_row < gamma ? static_cast<std::size_t>(drafts[poisoned_row])
+                                            : specdec::uniform_below(g, size))
+                    : specdec::uniform_below(g, size);
+      for (const T poison : {nan, T(-0.25), -inf, inf}) {
+        std::vector<T> bad_rows = rows;
+        bad_rows[poisoned_row * size + entry] = poison;
+        std::size_t where = 0;
+        (void)specdec::detail::verify_greedy_screened<T>(
+            drafts, specdec::RowsView<const T>(bad_rows.data(), gamma + 1, size), where);
+        INFO("poison " << poison << " at row " << poisoned_row << ", entry " << entry);
+        CHECK(where == poisoned_row);
+      }
+      std::vector<T> zero_rows = rows;
+      std::fill(zero_rows.begin() + static_cast<std::ptrdiff_t>(poisoned_row * size),
+                zero_rows.begin() + static_cast<std::ptrdiff_t>((poisoned_row + 1) * size), T(0));
+      std::size_t where = 0;
+      (void)specdec::detail::verify_greedy_screened<T>(
+          drafts, specdec::RowsView<const T>(zero_rows.data(), gamma + 1, size), where);
+      CHECK(where == poisoned_row);
+      // -0.0 is a valid zero; a row only of them and one positive entry is valid.
+      std::vector<T> signed_zero_rows = rows;
+      for (std::size_t j = 0; j < size; ++j) {
+        T& value = signed_zero_rows[poisoned_row * size + j];
+        if (value == T(0)) value = -T(0);
+      }
+      (void)specdec::detail::verify_greedy_screened<T>(
+          drafts, specdec::RowsView<const T>(signed_zero_rows.data(), gamma + 1, size), where);
+      CHECK(where == specdec::detail::no_index);
+    }
+  }
 }

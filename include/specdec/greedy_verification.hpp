@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstddef>
+#include <limits>
 #include <span>
 #include <type_traits>
 
@@ -64,6 +65,54 @@ template <ProbabilityScalar T>
           static_cast<token_id>(detail::row_argmax(target_rows.row(gamma).data(), vocab_size)),
           token_source::bonus, false};
 }
+
+namespace detail {
+
+/// Whether the largest entry of a screened row is one greedy decoding can take: positive
+/// (else the row is all zero) and finite.
+template <class T>
+[[nodiscard]] inline bool greedy_pick_valid(T largest) noexcept {
+  return largest > T(0) && largest <= std::numeric_limits<T>::max();
+}
+
+/// verify_greedy with greedy decoding's row validation fused into its scans: every row it
+/// takes a token from is read entirely, and a row holding a NaN or negative entry, an
+/// infinite maximum or only zeros stops it, with `bad_row` set to that row's index (the
+/// caller names the problem with validate_greedy_row). Rows after the first mismatch are
+/// never read, as in verify_greedy.
+template <class T>
+[[nodiscard]] VerificationResult verify_greedy_screened(std::span<const token_id> draft_tokens,
+                                                        RowsView<const T> target_rows,
+                                                        std::size_t& bad_row) noexcept {
+  const std::size_t gamma = draft_tokens.size();
+  const std::size_t vocab_size = target_rows.cols();
+  bad_row = no_index;
+  for (std::size_t i = 0; i <= gamma; ++i) {
+    const T* row = target_rows.row(i).data();
+    bool valid = true;
+    if (i < gamma) {
+      const auto drafted = static_cast<std::size_t>(draft_tokens[i]);
+      SPECDEC_ASSERT(drafted < vocab_size);
+      if (is_row_argmax<true>(row, vocab_size, drafted, valid)) {
+        if (!valid || !greedy_pick_valid(row[drafted])) {
+          bad_row = i;
+          return {};
+        }
+        continue;
+      }
+    }
+    const std::size_t best = row_argmax<true>(row, vocab_size, valid);
+    if (!valid || !greedy_pick_valid(row[best])) {
+      bad_row = i;
+      return {};
+    }
+    return {i, static_cast<token_id>(best),
+            i < gamma ? token_source::correction : token_source::bonus, false};
+  }
+  return {};
+}
+
+}  // namespace detail
 
 /// verify_greedy for any probability matrix (row-major Eigen matrices, RowsView of
 /// non-const data, ...).

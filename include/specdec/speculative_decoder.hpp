@@ -135,7 +135,11 @@ struct DecoderOptions {
   double lenience = 1.0;
   /// Validate every model row (size always; NaN/Inf/negative entries, zero mass and
   /// normalization here): reads each full row once more, about one extra pass over
-  /// (2 gamma + 1) rows per step. Off: rows are the caller's documented precondition.
+  /// (2 gamma + 1) rows per step. Greedy decoding (temperature 0) checks inside its argmax
+  /// scans instead, at no extra pass: every row it takes a token from, for NaN, negative
+  /// and infinite entries and all-zero rows, not for the sum (argmax does not need it);
+  /// target rows after the first mismatch are not read, so not checked. Off: rows are the
+  /// caller's documented precondition.
   bool validate_rows = true;
   /// Collect the mean beta statistic: reads min(n + 1, gamma) full row pairs per step for
   /// LanguageModel drafts at T > 0 (nothing extra for greedy or proposal drafters).
@@ -708,14 +712,37 @@ class SpeculativeDecoder {
                                    " entries, expected the vocabulary size " +
                                    std::to_string(vocab_size_));
     }
-    if (!options_.validate_rows) return;
-    // One vectorized pass decides the usual case; the full validator names any problem.
+    // Greedy decoding validates inside its argmax scans (reject_greedy_row); sampling
+    // screens the row in one vectorized pass and lets the full validator name any problem.
+    if (!options_.validate_rows || options_.sampling.greedy()) return;
     if (detail::plausible_probability_row(row.data(), row.size(), default_sum_tolerance<U>)) {
       return;
     }
+    reject_row(row, model, index, [this](std::span<const U> r, const RowLocation& where) {
+      validate_probability_row(r, vocab_size_, where);
+    });
+  }
+
+  // Greedy decoding's validation failed on a row (its argmax scan met a NaN or negative
+  // entry, an infinite maximum or an all-zero row): throws the error validate_greedy_row
+  // names, located like every row error.
+  template <class U>
+  [[noreturn]] void reject_greedy_row(std::span<const U> row, std::string_view model,
+                                      std::size_t index) const {
+    reject_row(row, model, index, [this](std::span<const U> r, const RowLocation& where) {
+      validate_greedy_row(r, vocab_size_, where);
+    });
+    fail(errc::invalid_probability, describe(model, index) + ": rejected by the greedy scan");
+  }
+
+  // Runs `validator` on a row known or suspected to be bad and rethrows its error with the
+  // decoder's location ("<model> row i (step s, sequence position k): ...").
+  template <class U, class Validator>
+  void reject_row(std::span<const U> row, std::string_view model, std::size_t index,
+                  Validator&& validator) const {
     const RowLocation where{model, step_index_, index};
     try {
-      validate_probability_row(row, vocab_size_, where);
+      validator(row, where);
     } catch (const error& e) {
       // Same layout as the size errors: "<model> row i (step s, sequence position k): ..."
       std::string problem = detail::bare_message(e);
@@ -878,7 +905,14 @@ class SpeculativeDecoder {
         token_id drafted = 0;
         double top_probability = 0.0;
         if (options_.sampling.greedy()) {
-          drafted = argmax(row);
+          if (options_.validate_rows) {
+            bool valid = true;
+            const std::size_t best = detail::row_argmax<true>(row.data(), row.size(), valid);
+            if (!valid || !detail::greedy_pick_valid(row[best])) reject_greedy_row(row, "draft", i);
+            drafted = static_cast<token_id>(best);
+          } else {
+            drafted = argmax(row);
+          }
           top_probability = static_cast<double>(row[static_cast<std::size_t>(drafted)]);
         } else {
           const std::span<value_type> q = draft_row(i);
@@ -988,7 +1022,16 @@ class SpeculativeDecoder {
     const SpeculativeSamplingOptions verification{options_.lenience};
     VerificationResult verdict;
     if (options_.sampling.greedy()) {
-      verdict = verify_greedy(drafts, target_rows);
+      if (options_.validate_rows) {
+        std::size_t bad_row = detail::no_index;
+        verdict = detail::verify_greedy_screened(drafts, target_rows, bad_row);
+        if (bad_row != detail::no_index) {
+          reject_greedy_row(std::span<const value_type>(target_rows.row(bad_row)), "target",
+                            bad_row);
+        }
+      } else {
+        verdict = verify_greedy(drafts, target_rows);
+      }
     } else if constexpr (draft_is_model) {
       verdict = verify_speculative(
           drafts, RowsView<const value_type>(draft_rows_.data(), drafted, vocab_size_), target_rows,

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -102,6 +103,15 @@ void validate_probability_row(std::span<const T> row, std::size_t vocab_size,
     detail::throw_error(errc::not_normalized, detail::describe_location(where, "row"),
                         ": entries sum to ", sum, ", off 1 by more than the tolerance ", tolerance);
   }
+}
+
+/// Checks one row for greedy decoding, where only the argmax matters: every check of
+/// validate_probability_row (size, NaN, infinite or negative entries, all zero: greedy
+/// would pick token 0 of a row that rules out every token) except the sum, which argmax
+/// does not need. Same codes and messages.
+template <ProbabilityScalar T>
+void validate_greedy_row(std::span<const T> row, std::size_t vocab_size, const RowLocation& where) {
+  validate_probability_row(row, vocab_size, where, std::numeric_limits<double>::infinity());
 }
 
 /// Checks a block of rows: exactly `expected_rows` rows of `vocab_size` entries each

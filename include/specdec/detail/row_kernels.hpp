@@ -12,7 +12,9 @@
 #include <array>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <utility>
 
 namespace specdec::detail {
@@ -327,70 +329,108 @@ template <class Source>
 // one packet max per 16 entries and a short reduction; scans exit between blocks.
 // ---------------------------------------------------------------------------------------
 
-/// Largest entry of the full block starting at `row`.
+/// Entries the argmax kernels scan between two horizontal reductions (and the granularity
+/// at which is_row_argmax stops), and their independent accumulators (128 bytes of lanes:
+/// 8 SSE or 4 AVX registers of maxima, as many of screen masks).
+inline constexpr std::size_t scan_chunk = 1024;
 template <class T>
-[[nodiscard]] inline T block_max(const T* row) noexcept {
-  lane_array<T> lanes = lane_view<T>(row);
-  for (std::size_t i = kernel_lanes; i < kernel_block; i += kernel_lanes) {
-    lanes = lanes.max(lane_view<T>(row + i));
+inline constexpr std::size_t scan_lanes = 128 / sizeof(T);
+
+/// Largest of the `count` entries at `first` (NaN entries are passed over; -infinity when
+/// count is 0). With `Screen`, also clears `valid` if any of them is NaN or negative (an
+/// entry e with !(e >= 0)): greedy decoding's validation fused into its scan, at the cost of
+/// one compare and one AND per packet. One vectorizable pass (plain loops over fixed lanes:
+/// GCC and Clang turn them into max and compare instructions; the maximum is exact, so the
+/// order of the lanes cannot change it).
+template <bool Screen, class T>
+[[nodiscard]] inline T span_max(const T* first, std::size_t count, bool& valid) noexcept {
+  constexpr std::size_t lanes = scan_lanes<T>;
+  using mask = std::conditional_t<sizeof(T) == 8, std::int64_t, std::int32_t>;
+  std::array<T, lanes> best;
+  best.fill(-std::numeric_limits<T>::infinity());
+  std::array<mask, lanes> good;
+  good.fill(mask{-1});
+  const std::size_t full = count / lanes * lanes;
+  for (std::size_t j = 0; j < full; j += lanes) {
+    for (std::size_t k = 0; k < lanes; ++k) {
+      const T value = first[j + k];
+      best[k] = best[k] < value ? value : best[k];
+      if constexpr (Screen) good[k] &= value >= T(0) ? mask{-1} : mask{0};
+    }
   }
-  return lanes.maxCoeff();
+  T result = best[0];
+  for (const T value : best) result = result < value ? value : result;
+  mask all = mask{-1};
+  if constexpr (Screen) {
+    for (const mask value : good) all &= value;
+  }
+  const T* tail = first + full;
+  for (std::size_t j = 0; j < count - full; ++j) {
+    const T value = tail[j];
+    result = result < value ? value : result;
+    if constexpr (Screen) all &= value >= T(0) ? mask{-1} : mask{0};
+  }
+  if (Screen && all == 0) valid = false;
+  return result;
 }
 
-/// Argmax of a non-empty row, lowest index among ties: one pass of block maxima (keeping
-/// the first block that reaches the largest), then the first index of that block holding
-/// the value. Always in range, even for rows that violate the preconditions.
-template <class T>
-[[nodiscard]] inline std::size_t row_argmax(const T* row, std::size_t size) noexcept {
-  const std::size_t full_blocks = size / kernel_block;
+/// Argmax of a non-empty row, lowest index among ties: one pass of chunk maxima (keeping
+/// the first chunk that reaches the largest), then the first index of that chunk holding
+/// the value. Always in range, even for rows that violate the preconditions. With `Screen`,
+/// clears `valid` if the row holds a NaN or negative entry.
+template <bool Screen = false, class T>
+[[nodiscard]] inline std::size_t row_argmax(const T* row, std::size_t size, bool& valid) noexcept {
   std::size_t best_first = 0;
   T best = row[0];
-  for (std::size_t b = 0; b < full_blocks; ++b) {
-    const T value = block_max(row + b * kernel_block);
+  for (std::size_t first = 0; first < size; first += scan_chunk) {
+    const std::size_t count = size - first < scan_chunk ? size - first : scan_chunk;
+    const T value = span_max<Screen>(row + first, count, valid);
     if (value > best) {
       best = value;
-      best_first = b * kernel_block;
+      best_first = first;
     }
   }
-  std::size_t best_last = best_first + kernel_block < size ? best_first + kernel_block : size;
-  for (std::size_t j = full_blocks * kernel_block; j < size; ++j) {  // the partial block
-    if (row[j] > best) {
-      best = row[j];
-      best_first = j;
-      best_last = j + 1;
-    }
-  }
+  const std::size_t best_last = best_first + scan_chunk < size ? best_first + scan_chunk : size;
   for (std::size_t j = best_first; j < best_last; ++j) {
     if (row[j] == best) return j;
   }
   return best_first;
 }
 
+template <class T>
+[[nodiscard]] inline std::size_t row_argmax(const T* row, std::size_t size) noexcept {
+  bool valid = true;
+  return row_argmax<false>(row, size, valid);
+}
+
 /// Whether `candidate` is the argmax of the row (lowest index among ties): no earlier
-/// entry reaches its value and no later entry exceeds it. Stops at the first block holding
-/// a witness.
+/// entry reaches its value and no later entry exceeds it. Stops at the first chunk holding
+/// a witness. With `Screen`, clears `valid` if an entry it read is NaN or negative; a true
+/// answer reads the whole row, so then every entry has been screened.
+template <bool Screen = false, class T>
+[[nodiscard]] inline bool is_row_argmax(const T* row, std::size_t size, std::size_t candidate,
+                                        bool& valid) noexcept {
+  const T value = row[candidate];
+  if (Screen && !(value >= T(0))) valid = false;
+  const std::size_t own_first = candidate / scan_chunk * scan_chunk;
+  const std::size_t own_last = own_first + scan_chunk < size ? own_first + scan_chunk : size;
+  for (std::size_t first = 0; first < own_first; first += scan_chunk) {
+    if (span_max<Screen>(row + first, scan_chunk, valid) >= value) return false;
+  }
+  if (span_max<Screen>(row + own_first, candidate - own_first, valid) >= value) return false;
+  if (span_max<Screen>(row + candidate + 1, own_last - candidate - 1, valid) > value) return false;
+  for (std::size_t first = own_last; first < size; first += scan_chunk) {
+    const std::size_t count = size - first < scan_chunk ? size - first : scan_chunk;
+    if (span_max<Screen>(row + first, count, valid) > value) return false;
+  }
+  return true;
+}
+
 template <class T>
 [[nodiscard]] inline bool is_row_argmax(const T* row, std::size_t size,
                                         std::size_t candidate) noexcept {
-  const T value = row[candidate];
-  const std::size_t own_block = candidate / kernel_block;
-  const std::size_t full_blocks = size / kernel_block;
-  for (std::size_t b = 0; b < own_block; ++b) {
-    if (block_max(row + b * kernel_block) >= value) return false;
-  }
-  const std::size_t own_first = own_block * kernel_block;
-  const std::size_t own_last = own_first + kernel_block < size ? own_first + kernel_block : size;
-  for (std::size_t j = own_first; j < own_last; ++j) {
-    if (j < candidate ? row[j] >= value : row[j] > value) return false;
-  }
-  for (std::size_t b = own_block + 1; b < full_blocks; ++b) {
-    if (block_max(row + b * kernel_block) > value) return false;
-  }
-  for (std::size_t j = (full_blocks > own_block + 1 ? full_blocks : own_block + 1) * kernel_block;
-       j < size; ++j) {
-    if (row[j] > value) return false;
-  }
-  return true;
+  bool valid = true;
+  return is_row_argmax<false>(row, size, candidate, valid);
 }
 
 }  // namespace specdec::detail
