@@ -66,6 +66,9 @@ struct FaultLog {
   // path with score_draft: a node shared by several paths is read from the first call only),
   // so an undetected fault there is no violation; every detected one must still be allowed.
   bool strict = true;
+  // Greedy chain decoding validates inside its argmax scans: only the rows it takes a token
+  // from, and not their sums, so a content fault is detected only if its row is read.
+  bool greedy_scan = false;
   [[nodiscard]] bool any() const { return strict && !must.empty(); }
   void clear() {
     must.clear();
@@ -137,7 +140,7 @@ std::span<const T> produce_row(FaultLog& log, std::uint64_t seed, bool pure, std
   if (code && !log.content_faults) {
     pure_row(seed, context, row);  // unchecked rows must be valid: replace the bad one
   } else if (code) {
-    (ambiguous ? log.may : log.must).push_back(*code);
+    (ambiguous || log.greedy_scan ? log.may : log.must).push_back(*code);
   } else if (ambiguous) {
     log.may.push_back(errc::not_normalized);
   }
@@ -241,7 +244,7 @@ class FuzzBatchedModel : public FuzzModel<T> {
       if (code && !log.content_faults) {
         pure_row(this->seed_, std::span<const token_id>(prefix_), stored);
       } else if (code) {
-        (ambiguous ? log.may : log.must).push_back(*code);
+        (ambiguous || log.greedy_scan ? log.may : log.must).push_back(*code);
       } else if (ambiguous) {
         log.may.push_back(errc::not_normalized);
       }
@@ -604,6 +607,7 @@ void run_with(FuzzedDataProvider& in, FaultLog& log, Target& target, Draft& draf
     streamed.push_back(emitted.token);
   };
   log.content_faults = setup.options.validate_rows;
+  log.greedy_scan = setup.options.validate_rows && setup.options.sampling.greedy() && !setup.tree;
   if constexpr (!specdec::LanguageModel<Draft> && !specdec::MultiProposalDrafter<Draft>) {
     if (setup.tree) setup.construction_problems.push_back(errc::invalid_option);
   }
