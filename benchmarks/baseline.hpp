@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <span>
@@ -114,6 +115,13 @@ class Evictor {
 [[nodiscard]] inline Evictor& evictor() {
   static Evictor instance;
   return instance;
+}
+
+/// Samples per rows-in-DRAM benchmark: SPECDEC_DRAM_SAMPLES, else 31.
+[[nodiscard]] inline std::int64_t dram_samples() {
+  const char* text = std::getenv("SPECDEC_DRAM_SAMPLES");
+  const long value = text == nullptr ? 0 : std::strtol(text, nullptr, 10);
+  return value > 0 ? static_cast<std::int64_t>(value) : 31;
 }
 
 /// Where the rows are when an operation starts.

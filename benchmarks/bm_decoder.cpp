@@ -254,8 +254,9 @@ void BM_DecoderStep(benchmark::State& state) {
 }
 
 // Rows in cache: Google Benchmark picks the iteration count. Rows in DRAM: every sample
-// first streams 64 MiB through the caches (milliseconds), so a fixed 31 samples per
-// benchmark (the median of 31), whatever --benchmark_min_time says.
+// first streams 64 MiB through the caches (milliseconds), so a fixed number of samples per
+// benchmark, whatever --benchmark_min_time says: baseline::dram_samples() (31, or
+// SPECDEC_DRAM_SAMPLES; scripts/test.sh's smoke run takes 3).
 template <std::int64_t Where>
 void decoder_arguments(benchmark::internal::Benchmark* benchmark) {
   benchmark->ArgNames({"V", "mode", "checks", "dram"});
@@ -265,7 +266,7 @@ void decoder_arguments(benchmark::internal::Benchmark* benchmark) {
     }
   }
   benchmark->UseManualTime()->Unit(benchmark::kMicrosecond);
-  if (Where == 1) benchmark->Iterations(31);
+  if (Where == 1) benchmark->Iterations(specdec::baseline::dram_samples());
 }
 
 BENCHMARK(BM_DecoderStep)->Apply(decoder_arguments<0>);

@@ -259,15 +259,16 @@ void BM_GreedyStep(benchmark::State& state) {
 }
 
 // Rows in cache: Google Benchmark picks the iteration count. Rows in DRAM: every sample
-// first streams 64 MiB through the caches (milliseconds), so a fixed 31 samples per
-// benchmark (the median of 31), whatever --benchmark_min_time says.
+// first streams 64 MiB through the caches (milliseconds), so a fixed number of samples per
+// benchmark, whatever --benchmark_min_time says: baseline::dram_samples() (31, or
+// SPECDEC_DRAM_SAMPLES; scripts/test.sh's smoke run takes 3).
 template <std::int64_t Where>
 void arguments(benchmark::internal::Benchmark* benchmark) {
   for (const std::int64_t size : {32768, 131072, 262144}) {
     for (const std::int64_t gamma : {1, 4, 8}) benchmark->Args({size, gamma, Where});
   }
   benchmark->ArgNames({"V", "gamma", "dram"})->UseManualTime()->Unit(benchmark::kMicrosecond);
-  if (Where == 1) benchmark->Iterations(31);
+  if (Where == 1) benchmark->Iterations(specdec::baseline::dram_samples());
 }
 
 }  // namespace
