@@ -38,6 +38,77 @@ template <ProbabilityVector Row>
   return argmax(as_span(row));
 }
 
+namespace detail {
+
+/// Whether the largest entry of a screened row is one greedy decoding can take: positive
+/// (else the row is all zero) and finite.
+template <class T>
+[[nodiscard]] inline bool greedy_pick_valid(T largest) noexcept {
+  return largest > T(0) && largest <= std::numeric_limits<T>::max();
+}
+
+/// The argmax of a row greedy decoding takes a token from, with its validation fused into
+/// the scan: no_index if the row holds a NaN or negative entry, an infinite maximum or only
+/// zeros (the caller names the problem with validate_greedy_row).
+template <class T>
+[[nodiscard]] inline std::size_t screened_argmax(const T* row, std::size_t size) noexcept {
+  bool valid = true;
+  const std::size_t best = row_argmax<true>(row, size, valid);
+  return valid && greedy_pick_valid(row[best]) ? best : no_index;
+}
+
+/// Exact-match verification (verify_greedy's rule). With `Screen`, greedy decoding's row
+/// validation is fused into the scans: every row a token is taken from is read entirely,
+/// and a row holding a NaN or negative entry, an infinite maximum or only zeros stops it
+/// with `bad_row` set to that row's index (else no_index). Rows after the first mismatch
+/// are never read.
+template <bool Screen, class T>
+[[nodiscard]] VerificationResult greedy_verify_rows(std::span<const token_id> draft_tokens,
+                                                    RowsView<const T> target_rows,
+                                                    std::size_t& bad_row) noexcept {
+  const std::size_t gamma = draft_tokens.size();
+  const std::size_t vocab_size = target_rows.cols();
+  SPECDEC_ASSERT(target_rows.rows() == gamma + 1);
+  SPECDEC_ASSERT(vocab_size > 0);
+  bad_row = no_index;
+  // t = the argmax of row i (correction or bonus).
+  const auto take = [&](std::size_t i, token_source source) -> VerificationResult {
+    const T* row = target_rows.row(i).data();
+    const std::size_t best =
+        Screen ? screened_argmax(row, vocab_size) : row_argmax(row, vocab_size);
+    if (Screen && best == no_index) {
+      bad_row = i;
+      return {};
+    }
+    return {i, static_cast<token_id>(best), source, false};
+  };
+  for (std::size_t i = 0; i < gamma; ++i) {
+    const token_id drafted = draft_tokens[i];
+    SPECDEC_ASSERT(drafted >= 0 && static_cast<std::size_t>(drafted) < vocab_size);
+    const T* row = target_rows.row(i).data();
+    const auto x = static_cast<std::size_t>(drafted);
+    bool valid = true;
+    if (!is_row_argmax<Screen>(row, vocab_size, x, valid)) {
+      return take(i, token_source::correction);
+    }
+    if (Screen && !(valid && greedy_pick_valid(row[x]))) {
+      bad_row = i;
+      return {};
+    }
+  }
+  return take(gamma, token_source::bonus);
+}
+
+/// greedy_verify_rows with the validation fused in (the decoder's greedy path).
+template <class T>
+[[nodiscard]] VerificationResult verify_greedy_screened(std::span<const token_id> draft_tokens,
+                                                        RowsView<const T> target_rows,
+                                                        std::size_t& bad_row) noexcept {
+  return greedy_verify_rows<true>(draft_tokens, target_rows, bad_row);
+}
+
+}  // namespace detail
+
 /// Exact-match verification (unchecked fast path): accepts x_i while x_i is the argmax of
 /// p_i (lowest id among ties), then t = argmax of the first mismatching row (correction) or
 /// of p_{gamma+1} (bonus). Proving that x_i is not the argmax stops at the first entry that
@@ -48,71 +119,9 @@ template <ProbabilityVector Row>
 template <ProbabilityScalar T>
 [[nodiscard]] VerificationResult verify_greedy(std::span<const token_id> draft_tokens,
                                                RowsView<const T> target_rows) noexcept {
-  const std::size_t gamma = draft_tokens.size();
-  const std::size_t vocab_size = target_rows.cols();
-  SPECDEC_ASSERT(target_rows.rows() == gamma + 1);
-  SPECDEC_ASSERT(vocab_size > 0);
-  for (std::size_t i = 0; i < gamma; ++i) {
-    const token_id drafted = draft_tokens[i];
-    SPECDEC_ASSERT(drafted >= 0 && static_cast<std::size_t>(drafted) < vocab_size);
-    const T* row = target_rows.row(i).data();
-    if (!detail::is_row_argmax(row, vocab_size, static_cast<std::size_t>(drafted))) {
-      return {i, static_cast<token_id>(detail::row_argmax(row, vocab_size)),
-              token_source::correction, false};
-    }
-  }
-  return {gamma,
-          static_cast<token_id>(detail::row_argmax(target_rows.row(gamma).data(), vocab_size)),
-          token_source::bonus, false};
+  std::size_t unused = 0;
+  return detail::greedy_verify_rows<false>(draft_tokens, target_rows, unused);
 }
-
-namespace detail {
-
-/// Whether the largest entry of a screened row is one greedy decoding can take: positive
-/// (else the row is all zero) and finite.
-template <class T>
-[[nodiscard]] inline bool greedy_pick_valid(T largest) noexcept {
-  return largest > T(0) && largest <= std::numeric_limits<T>::max();
-}
-
-/// verify_greedy with greedy decoding's row validation fused into its scans: every row it
-/// takes a token from is read entirely, and a row holding a NaN or negative entry, an
-/// infinite maximum or only zeros stops it, with `bad_row` set to that row's index (the
-/// caller names the problem with validate_greedy_row). Rows after the first mismatch are
-/// never read, as in verify_greedy.
-template <class T>
-[[nodiscard]] VerificationResult verify_greedy_screened(std::span<const token_id> draft_tokens,
-                                                        RowsView<const T> target_rows,
-                                                        std::size_t& bad_row) noexcept {
-  const std::size_t gamma = draft_tokens.size();
-  const std::size_t vocab_size = target_rows.cols();
-  bad_row = no_index;
-  for (std::size_t i = 0; i <= gamma; ++i) {
-    const T* row = target_rows.row(i).data();
-    bool valid = true;
-    if (i < gamma) {
-      const auto drafted = static_cast<std::size_t>(draft_tokens[i]);
-      SPECDEC_ASSERT(drafted < vocab_size);
-      if (is_row_argmax<true>(row, vocab_size, drafted, valid)) {
-        if (!valid || !greedy_pick_valid(row[drafted])) {
-          bad_row = i;
-          return {};
-        }
-        continue;
-      }
-    }
-    const std::size_t best = row_argmax<true>(row, vocab_size, valid);
-    if (!valid || !greedy_pick_valid(row[best])) {
-      bad_row = i;
-      return {};
-    }
-    return {i, static_cast<token_id>(best),
-            i < gamma ? token_source::correction : token_source::bonus, false};
-  }
-  return {};
-}
-
-}  // namespace detail
 
 /// verify_greedy for any probability matrix (row-major Eigen matrices, RowsView of
 /// non-const data, ...).

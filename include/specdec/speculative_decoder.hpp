@@ -906,9 +906,8 @@ class SpeculativeDecoder {
         double top_probability = 0.0;
         if (options_.sampling.greedy()) {
           if (options_.validate_rows) {
-            bool valid = true;
-            const std::size_t best = detail::row_argmax<true>(row.data(), row.size(), valid);
-            if (!valid || !detail::greedy_pick_valid(row[best])) reject_greedy_row(row, "draft", i);
+            const std::size_t best = detail::screened_argmax(row.data(), row.size());
+            if (best == detail::no_index) reject_greedy_row(row, "draft", i);
             drafted = static_cast<token_id>(best);
           } else {
             drafted = argmax(row);
