@@ -48,10 +48,7 @@
 #include <thread>
 #include <vector>
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#endif
-
+#include "baseline.hpp"
 #include "llama/generate.hpp"
 #include "specdec/analysis.hpp"
 
@@ -124,45 +121,19 @@ Pair& pair() {
   return instance;
 }
 
-// Reads every weight matrix of `model` once, as fast as this core can (integer OR of
-// 256-bit loads: no arithmetic dependency), and returns a value that depends on all of it.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-__attribute__((target("avx2"))) unsigned read_floats_avx2(const float* data, std::size_t n) {
-  __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
-  std::size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    a = _mm256_or_si256(a, _mm256_castps_si256(_mm256_loadu_ps(data + i)));
-    b = _mm256_or_si256(b, _mm256_castps_si256(_mm256_loadu_ps(data + i + 8)));
-    c = _mm256_or_si256(c, _mm256_castps_si256(_mm256_loadu_ps(data + i + 16)));
-    d = _mm256_or_si256(d, _mm256_castps_si256(_mm256_loadu_ps(data + i + 24)));
-  }
-  const __m256i all = _mm256_or_si256(_mm256_or_si256(a, b), _mm256_or_si256(c, d));
-  unsigned out = static_cast<unsigned>(_mm256_extract_epi32(all, 0)) |
-                 static_cast<unsigned>(_mm256_extract_epi32(all, 5));
-  for (; i < n; ++i) out |= static_cast<unsigned>(data[i] != 0.0F);
-  return out;
-}
-#endif
-
-unsigned read_floats(const float* data, std::size_t n) {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  if (llama::kernels::active() == llama::kernels::isa::avx2) return read_floats_avx2(data, n);
-#endif
-  unsigned out = 0;
-  for (std::size_t i = 0; i < n; ++i) out |= static_cast<unsigned>(data[i] != 0.0F);
-  return out;
-}
-
-// On every thread of `pool`, each reading its share of each matrix.
-unsigned read_weights(const llama::Model& model, llama::ThreadPool& pool) {
-  std::atomic<unsigned> out{0};
+// Reads every weight matrix of `model` once, as fast as the cores can (baseline::or_bits:
+// an integer OR of the bits, no arithmetic dependency), on every thread of `pool`, each
+// reading its share of each matrix; returns a value that depends on all of it.
+std::uint32_t read_weights(const llama::Model& model, llama::ThreadPool& pool) {
+  std::atomic<std::uint32_t> out{0};
   const auto read = [&](const std::vector<float>& m) {
     const std::size_t n = pool.size();
     const std::size_t share = (m.size() / n + 31) / 32 * 32;
     pool.run(n, [&](std::size_t i) {
       const std::size_t begin = std::min(m.size(), i * share);
       const std::size_t end = i + 1 == n ? m.size() : std::min(m.size(), begin + share);
-      out.fetch_or(read_floats(m.data() + begin, end - begin), std::memory_order_relaxed);
+      out.fetch_or(specdec::baseline::or_bits(m.data() + begin, end - begin),
+                   std::memory_order_relaxed);
     });
   };
   read(model.output().data);
