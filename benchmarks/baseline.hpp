@@ -4,6 +4,8 @@
 // median of thread CPU time), with the rows either cache-resident or evicted to DRAM.
 #pragma once
 
+#include <benchmark/benchmark.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstddef>
@@ -83,11 +85,16 @@ __attribute__((target("avx2"))) inline std::uint32_t or_bits_avx2(const float* d
   return out;
 }
 
-/// CPU seconds of the calling thread.
+/// CPU time of the calling thread: the time it actually ran, memory stalls included, but
+/// not the time other processes held the core (wall time where the clock is missing).
 [[nodiscard]] inline double thread_seconds() noexcept {
+#if defined(CLOCK_THREAD_CPUTIME_ID)
   timespec now{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
   return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
+#else
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+#endif
 }
 
 /// Median of `values` (mean of the middle two for an even count; 0 when empty).
@@ -153,6 +160,52 @@ std::size_t calibrate(Operation&& operation) {
   const double once = thread_seconds() - start;
   if (once <= 0.0) return 64;
   return std::clamp<std::size_t>(static_cast<std::size_t>(50e-6 / once), 1, 64);
+}
+
+/// Medians of an interleaved run, seconds per call (peer: 0 without a peer).
+struct Medians {
+  double step = 0.0;
+  double read = 0.0;
+  double peer = 0.0;
+};
+
+/// The benchmark loop of an operation timed against the pure read and the peer: every
+/// iteration takes one sample (see `sample`) of `step`, of `read` and, if `with_peer`, of
+/// `peer`, in an order that rotates each iteration, and reports the step's sample as the
+/// iteration time (UseManualTime). Sets the counters step_us, vs_read (step / read) and
+/// vs_peer (peer / step: above 1, specdec is faster) and labels the residence.
+template <class Step, class Read, class Peer>
+Medians interleave(benchmark::State& state, residence where, std::size_t repetitions, Step&& step,
+                   Read&& read, Peer&& peer, bool with_peer = true) {
+  std::vector<double> steps, reads, peers;
+  std::size_t turn = 0;
+  for (auto _ : state) {
+    double step_seconds = 0.0;
+    for (std::size_t k = 0; k < 3; ++k) {
+      switch ((turn + k) % 3) {
+        case 0:
+          step_seconds = sample(where, repetitions, step);
+          steps.push_back(step_seconds);
+          break;
+        case 1:
+          reads.push_back(sample(where, repetitions, read));
+          break;
+        default:
+          if (with_peer) peers.push_back(sample(where, repetitions, peer));
+          break;
+      }
+    }
+    ++turn;
+    state.SetIterationTime(step_seconds);
+  }
+  const Medians medians{median(steps), median(reads), median(peers)};
+  state.counters["step_us"] = 1e6 * medians.step;
+  if (medians.step > 0.0 && medians.read > 0.0) {
+    state.counters["vs_read"] = medians.step / medians.read;
+    if (with_peer) state.counters["vs_peer"] = medians.peer / medians.step;
+  }
+  state.SetLabel(where == residence::cache ? "rows in cache" : "rows in DRAM");
+  return medians;
 }
 
 }  // namespace specdec::baseline

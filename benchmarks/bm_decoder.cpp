@@ -210,47 +210,17 @@ void BM_DecoderStep(benchmark::State& state) {
     peer_tokens += peer(context.size(), sampling_mode == mode::greedy, peer_g);
     ++peer_steps;
   };
-  std::vector<double> step_seconds, read_seconds, peer_seconds;
-  step_seconds.reserve(1U << 16U);
-  read_seconds.reserve(1U << 16U);
-  peer_seconds.reserve(1U << 16U);
-  std::size_t turn = 0;
   specdec::testing::AllocationCounter counter;
-  for (auto _ : state) {
-    double seconds = 0.0;
-    for (std::size_t k = 0; k < 3; ++k) {
-      switch ((turn + k) % 3) {
-        case 0:
-          seconds = bl::sample(where, 1, step);
-          step_seconds.push_back(seconds);
-          break;
-        case 1:
-          read_seconds.push_back(bl::sample(where, 1, read));
-          break;
-        default:
-          if (has_peer) peer_seconds.push_back(bl::sample(where, 1, peer_step));
-          break;
-      }
-    }
-    ++turn;
-    state.SetIterationTime(seconds);
-  }
+  (void)bl::interleave(state, where, 1, step, read, peer_step, has_peer);
   (void)counter.stop();
-  const double step_median = bl::median(step_seconds);
   const auto step_count = static_cast<double>(steps);
   state.counters["tokens_per_step"] = static_cast<double>(tokens) / step_count;
-  state.counters["step_us"] = 1e6 * step_median;
-  if (step_median > 0.0) {
-    state.counters["vs_read"] = step_median / bl::median(read_seconds);
-    if (has_peer) {
-      state.counters["vs_peer"] = bl::median(peer_seconds) / step_median;
-      state.counters["peer_tokens_per_step"] =
-          static_cast<double>(peer_tokens) / static_cast<double>(peer_steps);
-    }
+  if (has_peer) {
+    state.counters["peer_tokens_per_step"] =
+        static_cast<double>(peer_tokens) / static_cast<double>(peer_steps);
   }
   state.counters["allocs_per_step"] = static_cast<double>(allocations) / step_count;
   state.counters["acceptance"] = decoder.statistics().acceptance_rate();
-  state.SetLabel(where == bl::residence::cache ? "rows in cache" : "rows in DRAM");
 }
 
 // Rows in cache: Google Benchmark picks the iteration count. Rows in DRAM: every sample

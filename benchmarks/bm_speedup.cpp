@@ -42,7 +42,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
-#include <ctime>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -54,6 +53,7 @@
 #include <benchmark/benchmark.h>
 #include <Eigen/Core>
 
+#include "baseline.hpp"
 #include "specdec/analysis.hpp"
 #include "specdec/random.hpp"
 #include "specdec/residual_distribution.hpp"
@@ -81,18 +81,7 @@ double seconds_since(clock_type::time_point start) {
   return std::chrono::duration<double>(clock_type::now() - start).count();
 }
 
-/// CPU time of this thread: the time it actually ran, including memory stalls, but not
-/// the time other processes held the core. On a shared machine this is the clock that
-/// measures the work; wall time is reported beside it.
-double thread_seconds() {
-#if defined(CLOCK_THREAD_CPUTIME_ID)
-  timespec now{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
-  return static_cast<double>(now.tv_sec) + 1e-9 * static_cast<double>(now.tv_nsec);
-#else
-  return std::chrono::duration<double>(clock_type::now().time_since_epoch()).count();
-#endif
-}
+using specdec::baseline::thread_seconds;
 
 // ---------------------------------------------------------------------------------------
 // The cost of a model call: streaming reads from a ring buffer far larger than the cache

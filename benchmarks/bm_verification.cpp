@@ -130,8 +130,8 @@ const Fixture& fixture(std::size_t size) {
 
 using specdec::baseline::residence;
 
-/// Times `step`, the pure read of `rows` and `peer` interleaved (their order rotating each
-/// iteration), reports the step's median as the iteration time and the ratios.
+/// Times `step`, the pure read of `rows` and `peer` interleaved (baseline::interleave) and
+/// adds V and the read's bandwidth to the counters.
 template <class Step, class Peer>
 void interleaved(benchmark::State& state, const Fixture& f,
                  std::vector<std::span<const float>> rows, Step&& step, Peer&& peer) {
@@ -139,39 +139,13 @@ void interleaved(benchmark::State& state, const Fixture& f,
   const auto where = static_cast<residence>(state.range(2));
   const auto read = [&] { benchmark::DoNotOptimize(bl::read_rows(rows)); };
   const std::size_t repetitions = where == residence::cache ? bl::calibrate(read) : 1;
-  std::vector<double> steps, reads, peers;
-  std::size_t turn = 0;
-  for (auto _ : state) {
-    double step_seconds = 0.0;
-    for (std::size_t k = 0; k < 3; ++k) {
-      switch ((turn + k) % 3) {
-        case 0:
-          step_seconds = bl::sample(where, repetitions, step);
-          steps.push_back(step_seconds);
-          break;
-        case 1:
-          reads.push_back(bl::sample(where, repetitions, read));
-          break;
-        default:
-          peers.push_back(bl::sample(where, repetitions, peer));
-          break;
-      }
-    }
-    ++turn;
-    state.SetIterationTime(step_seconds);
-  }
-  const double step_median = bl::median(steps);
-  const double read_median = bl::median(reads);
+  const bl::Medians medians = bl::interleave(state, where, repetitions, step, read, peer);
   std::size_t bytes = 0;
   for (const auto row : rows) bytes += row.size_bytes();
   state.counters["V"] = static_cast<double>(f.vocab_size);
-  if (step_median > 0.0 && read_median > 0.0) {
-    state.counters["vs_read"] = step_median / read_median;
-    state.counters["vs_peer"] = bl::median(peers) / step_median;
-    state.counters["read_GBps"] = static_cast<double>(bytes) / read_median / 1e9;
+  if (medians.read > 0.0) {
+    state.counters["read_GBps"] = static_cast<double>(bytes) / medians.read / 1e9;
   }
-  state.counters["step_us"] = 1e6 * step_median;
-  state.SetLabel(where == residence::cache ? "rows in cache" : "rows in DRAM");
 }
 
 std::span<const float> target_row(const Fixture& f, std::size_t i) {
