@@ -491,6 +491,130 @@ TEMPLATE_TEST_CASE("D13-D15 greedy: the argmax scans validate the rows they take
   }
 }
 
+namespace {
+
+/// A batched target over V = 4 whose every row is {0.5, 0.5, 0, 0}; in its first
+/// score_draft call row `bad` misbehaves as `how`.
+template <class T>
+struct HalvesTarget {
+  HalvesTarget(std::size_t bad_row, fault kind) : bad(bad_row), how(kind) {}
+  std::size_t bad;
+  fault how;
+  std::size_t calls = 0;
+  std::vector<T> row{T(0.5), T(0.5), T(0), T(0)};
+  std::vector<T> block;
+  [[nodiscard]] std::size_t vocab_size() const { return 4; }
+  std::span<const T> next_token_probabilities(std::span<const token_id>) { return row; }
+  specdec::RowsView<const T> score_draft(std::span<const token_id>,
+                                         std::span<const token_id> draft) {
+    const std::size_t rows = draft.size() + 1;
+    block.clear();
+    for (std::size_t i = 0; i < rows; ++i) block.insert(block.end(), row.begin(), row.end());
+    if (calls++ == 0 && bad < rows) {
+      T* r = block.data() + bad * 4;
+      switch (how) {
+        case fault::nan_entry:
+          r[1] = std::numeric_limits<T>::quiet_NaN();
+          break;
+        case fault::negative:
+          r[1] = T(-0.25);
+          break;
+        case fault::zero_row:
+          std::fill(r, r + 4, T(0));
+          break;
+        case fault::unnormalized:
+          r[0] += T(0.5);
+          break;
+        default:
+          break;
+      }
+    }
+    return {block.data(), rows, 4};
+  }
+};
+
+/// A draft model with one fixed row.
+template <class T>
+struct FixedRowDraft {
+  std::vector<T> row;
+  [[nodiscard]] std::size_t vocab_size() const { return 4; }
+  std::span<const T> next_token_probabilities(std::span<const token_id>) { return row; }
+};
+
+/// Proposes token 3 (which the target rules out) at every position.
+struct ProposesThree {
+  std::size_t propose(std::span<const token_id>, std::span<token_id> out) const {
+    std::fill(out.begin(), out.end(), token_id{3});
+    return out.size();
+  }
+};
+
+}  // namespace
+
+TEMPLATE_TEST_CASE(
+    "D13-D15 sampling: target rows used in place are checked by the passes that "
+    "read them",
+    "[errors][speculative_decoder]", float, double) {
+  // A batched target at T = 1 without truncation is verified on its own rows: each row the
+  // step reads whole is screened in that pass (beta or a screen of its own for accepted
+  // rows, the residual or bonus draw for the last). p_1..p_{n+1} are read, so a bad one is
+  // named like any row error; rows after the final token's row are never read, so not
+  // checked, and the step decodes as if they were fine.
+  struct Fault {
+    fault how;
+    errc code;
+    const char* problem;
+  };
+  const Fault faults[] = {
+      {fault::nan_entry, errc::invalid_probability, "entry for token 1 is NaN"},
+      {fault::negative, errc::invalid_probability, "entry for token 1 is negative"},
+      {fault::zero_row, errc::zero_mass, "all entries are zero"},
+      {fault::unnormalized, errc::not_normalized, "entries sum to 1.5"}};
+  const auto expected = [](std::size_t row, const char* problem) {
+    return "target row " + std::to_string(row) + " (step 0, sequence position " +
+           std::to_string(2 + row) + "): " + problem;
+  };
+  for (const Fault f : faults) {
+    for (std::size_t bad = 0; bad <= 2; ++bad) {
+      for (const bool beta : {true, false}) {
+        INFO("row " << bad << ", collect_beta " << beta);
+        specdec::DecoderOptions options = fixed(2);
+        options.collect_beta = beta;
+        // Draft = target: both drafts accepted, rows 0, 1 (accepted) and 2 (bonus) read.
+        HalvesTarget<TestType> target{bad, f.how};
+        FixedRowDraft<TestType> same{{TestType(0.5), TestType(0.5), TestType(0), TestType(0)}};
+        specdec::SpeculativeDecoder accepting(target, same, options);
+        check_error(
+            "D13", [&] { (void)accepting.generate(prompt, 8, std::uint64_t{1}); }, f.code,
+            expected(bad, f.problem));
+        // Drafts of token 3, which p rules out: rejected at once; row 0 (the residual's) is
+        // read, rows 1 and 2 never are.
+        HalvesTarget<TestType> target2{bad, f.how};
+        FixedRowDraft<TestType> threes{{TestType(0), TestType(0), TestType(0), TestType(1)}};
+        specdec::SpeculativeDecoder rejecting(target2, threes, options);
+        HalvesTarget<TestType> target3{bad, f.how};
+        ProposesThree proposer;
+        specdec::SpeculativeDecoder proposing(target3, proposer, options);
+        if (bad == 0) {
+          check_error(
+              "D13", [&] { (void)rejecting.generate(prompt, 8, std::uint64_t{1}); }, f.code,
+              expected(0, f.problem));
+          check_error(
+              "D13", [&] { (void)proposing.generate(prompt, 8, std::uint64_t{1}); }, f.code,
+              expected(0, f.problem));
+        } else {
+          const auto tokens = rejecting.generate(prompt, 8, std::uint64_t{1}).tokens;
+          const auto proposed = proposing.generate(prompt, 8, std::uint64_t{1}).tokens;
+          CHECK(tokens.size() == 8);
+          CHECK(proposed.size() == 8);
+          for (const token_id t : tokens) CHECK((t == 0 || t == 1));
+          for (const token_id t : proposed) CHECK((t == 0 || t == 1));
+        }
+      }
+    }
+  }
+}
+
 TEMPLATE_TEST_CASE("D16 generate: score_draft returns the wrong number of rows",
                    "[errors][speculative_decoder]", float, double) {
   for (const std::ptrdiff_t extra : {-1, 1}) {

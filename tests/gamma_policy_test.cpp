@@ -85,6 +85,19 @@ std::size_t simulate_accepted(specdec::xoshiro256pp& rng, double alpha, std::siz
 
 }  // namespace
 
+TEST_CASE("needs_top_probability: policies that ignore it say so, others default to true",
+          "[gamma_policy]") {
+  CHECK_FALSE(specdec::FixedGamma(3).needs_top_probability());
+  CHECK_FALSE(specdec::AdditiveGamma{}.needs_top_probability());
+  CHECK_FALSE(specdec::OptimalGammaController{}.needs_top_probability());
+  CHECK(specdec::ConfidenceStop(0.4, 8).needs_top_probability());
+  // A policy without the member reads it (the safe default), through AnyGammaPolicy too.
+  CHECK(specdec::needs_top_probability(CountingPolicy{}));
+  CHECK(specdec::AnyGammaPolicy(CountingPolicy{}).needs_top_probability());
+  CHECK_FALSE(specdec::AnyGammaPolicy(specdec::FixedGamma(2)).needs_top_probability());
+  CHECK(specdec::AnyGammaPolicy(specdec::ConfidenceStop(0.4, 8)).needs_top_probability());
+}
+
 TEST_CASE("AdditiveGamma: +2 after a fully accepted step, -1 otherwise, bounded",
           "[gamma_policy]") {
   STATIC_REQUIRE(specdec::GammaPolicy<specdec::AdditiveGamma>);

@@ -596,3 +596,51 @@ TEST_CASE("Broken residual samplers fail the same chi-square",
   });
   CHECK_FALSE(careless.passed());
 }
+
+TEMPLATE_TEST_CASE("Residual draws with an unnormalised draft row and a fused block hook",
+                   "[residual_distribution]", float, double) {
+  // The decoder keeps draft rows unnormalised (q = f c with f = 1 / s kept as a scalar) and
+  // fuses work into the residual pass through a block hook. For every u on a grid, the draw
+  // from (p, c, f) must be the draw from p and the materialised row q = f c (computed in T,
+  // as the pass computes it), bitwise; the residual mass must be the same; and the hook
+  // must see every block of the row exactly once, in order.
+  using T = TestType;
+  specdec::xoshiro256pp g(31);
+  for (const std::size_t vocab : {5U, 128U, 300U, 40000U}) {
+    std::vector<T> p(vocab);
+    std::vector<T> c(vocab);
+    double p_total = 0.0;
+    double c_total = 0.0;
+    for (std::size_t j = 0; j < vocab; ++j) {
+      p[j] = static_cast<T>(specdec::uniform01<double>(g));
+      c[j] = j % 7 == 0 ? T(0) : static_cast<T>(specdec::uniform01<double>(g));
+      p_total += static_cast<double>(p[j]);
+      c_total += static_cast<double>(c[j]);
+    }
+    for (T& x : p) x = static_cast<T>(static_cast<double>(x) / p_total);
+    for (const double lenience : {1.0, 0.6}) {
+      const auto factor = static_cast<T>(lenience / c_total);
+      std::vector<T> q(vocab);
+      for (std::size_t j = 0; j < vocab; ++j) q[j] = factor * c[j];
+      INFO("V = " << vocab << ", lenience " << lenience);
+      const std::span<const T> ps(p);
+      for (std::size_t k = 0; k < 257; ++k) {
+        const double u = static_cast<double>(k) / 257.0;
+        std::size_t next = 0;
+        bool in_order = true;
+        const auto fused = specdec::detail::residual_draw(
+            ps, std::span<const T>(c), factor, u, [&](std::size_t first, std::size_t count) {
+              in_order =
+                  in_order && first == next && count > 0 && count <= specdec::detail::kernel_block;
+              next = first + count;
+            });
+        const auto plain = specdec::detail::residual_draw(ps, std::span<const T>(q), T(1), u);
+        CHECK(in_order);
+        CHECK(next == vocab);
+        CHECK(fused.token == plain.token);
+        CHECK(fused.fallback == plain.fallback);
+        CHECK(fused.mass == plain.mass);
+      }
+    }
+  }
+}

@@ -232,3 +232,109 @@ TEST_CASE("SpeculativeDecoder exactness: negative control is caught", "[speculat
   INFO(broken.describe());
   CHECK_FALSE(broken.passed());
 }
+
+namespace {
+
+/// A draft whose rows are a Markov chain's rows times a state-dependent factor in
+/// [1/4, 4] (unnormalised, so decoded with validate_rows off): q is the row over its sum.
+/// The row is rewritten on every call (valid until the next one).
+struct ScaledDraft {
+  MarkovModel<double> chain;
+  std::vector<double> row{};
+  [[nodiscard]] std::size_t vocab_size() const { return chain.vocab_size(); }
+  [[nodiscard]] double factor(std::size_t state) const {
+    return 0.25 * std::pow(16.0, static_cast<double>((state * 7919U) % 13U) / 12.0);
+  }
+  std::span<const double> next_token_probabilities(std::span<const token_id> context) {
+    const std::size_t state = chain.state(context);
+    const auto source = chain.row(state);
+    row.assign(source.begin(), source.end());
+    for (double& x : row) x *= factor(state);
+    return row;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("SpeculativeDecoder exactness: unnormalised draft rows at T = 1",
+          "[speculative_decoder]") {
+  // At T = 1 without truncation the decoder copies a draft row once and keeps its sum s as
+  // a scalar (q = row / s) instead of rescaling the row: the acceptance ratio and the
+  // residual must both use q = row / s. Rows off by factors 1/4..4 (validate_rows off).
+  std::uint64_t seed = 700;
+  const std::size_t vocab = 16;
+  const auto target_model = make_markov_target(vocab, 2, ++seed);
+  ScaledDraft draft{make_markov_draft(target_model, ++seed)};
+  BatchedMarkovModel<double> batched(target_model);
+  auto per_prefix = target_model;
+  const SequenceLaw law(target_model, SamplingOptions{}, 3);
+  const std::size_t samples = samples_for(law);
+  for (const std::size_t gamma : {1U, 3U, 6U}) {
+    for (const bool use_batched : {true, false}) {
+      for (const bool confidence_stop : {false, true}) {
+        specdec::DecoderOptions options{.validate_rows = false};
+        if (confidence_stop) {
+          options.gamma_policy = specdec::ConfidenceStop(0.3, gamma);  // reads top q
+        } else {
+          options.gamma_policy = specdec::FixedGamma(gamma);
+        }
+        INFO("gamma " << gamma << (use_batched ? ", batched" : ", per prefix")
+                      << (confidence_stop ? ", ConfidenceStop" : ""));
+        specdec::testing::ChiSquareResult result;
+        if (use_batched) {
+          specdec::SpeculativeDecoder decoder(batched, draft, options);
+          result = sample_decoder(decoder, law, samples, ++seed);
+        } else {
+          specdec::SpeculativeDecoder decoder(per_prefix, draft, options);
+          result = sample_decoder(decoder, law, samples, ++seed);
+        }
+        INFO(result.describe());
+        CHECK(result.passed());
+      }
+    }
+  }
+}
+
+TEST_CASE("SpeculativeDecoder exactness: ignoring the draft normaliser is caught",
+          "[speculative_decoder]") {
+  // The broken variant of the test above: drafts drawn from row / s, verified with the raw
+  // row as q (the scalar normaliser forgotten in the ratio and the residual). Same
+  // statistic, same sample size: it must fail.
+  const std::size_t vocab = 16;
+  const std::size_t gamma = 3;
+  const auto target_model = make_markov_target(vocab, 2, 701);
+  ScaledDraft draft{make_markov_draft(target_model, 702)};
+  const SequenceLaw law(target_model, SamplingOptions{}, 3);
+  std::vector<double> raw_q(gamma * vocab);
+  std::vector<double> p_rows((gamma + 1) * vocab);
+  std::vector<std::uint64_t> counts(law.cells(), 0);
+  specdec::xoshiro256pp g(703);
+  for (std::size_t k = 0; k < samples_for(law); ++k) {
+    std::vector<token_id> sequence = prompt;
+    while (sequence.size() < prompt.size() + 3) {
+      const std::size_t base = sequence.size();
+      for (std::size_t i = 0; i < gamma; ++i) {
+        const auto q = draft.next_token_probabilities(sequence);
+        std::copy(q.begin(), q.end(), raw_q.begin() + static_cast<std::ptrdiff_t>(i * vocab));
+        sequence.push_back(specdec::sample_from_row(q, g));  // draws from q / s
+      }
+      for (std::size_t i = 0; i <= gamma; ++i) {
+        const auto p = target_model.row(
+            target_model.state(std::span<const token_id>(sequence.data(), base + i)));
+        std::copy(p.begin(), p.end(), p_rows.begin() + static_cast<std::ptrdiff_t>(i * vocab));
+      }
+      const std::vector<token_id> drafts(sequence.begin() + static_cast<std::ptrdiff_t>(base),
+                                         sequence.end());
+      const auto verdict = specdec::verify_speculative(
+          std::span<const token_id>(drafts),
+          specdec::RowsView<const double>(raw_q.data(), gamma, vocab),
+          specdec::RowsView<const double>(p_rows.data(), gamma + 1, vocab), g);
+      sequence.resize(base + verdict.accepted);
+      sequence.push_back(verdict.token);
+    }
+    ++counts[law.cell_of(std::span<const token_id>(sequence).subspan(prompt.size()))];
+  }
+  const auto broken = specdec::testing::chi_square_test(counts, law.expected());
+  INFO(broken.describe());
+  CHECK_FALSE(broken.passed());
+}

@@ -12,6 +12,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch_approx.hpp>
@@ -413,6 +414,98 @@ TEST_CASE("SpeculativeDecoder: mean beta is sum min(p, q) of the standardized ro
   // collect_beta off
   SpeculativeDecoder quiet(target, draft, {.collect_beta = false});
   CHECK(quiet.generate(prompt, 50, 5).statistics.beta_positions == 0);
+}
+
+TEST_CASE("SpeculativeDecoder: mean beta at T = 1 with in-place rows and unnormalised drafts",
+          "[speculative_decoder]") {
+  // At T = 1 beta comes from two passes: sum min(p, q) over each accepted row pair and
+  // sum p - Z from the residual draw's pass at the rejected position (lenience 1), with q the
+  // draft row over its sum (kept as a scalar). Both must give the same beta, for a batched
+  // target used in place and for per-prefix copies, for draft rows off by a factor.
+  const std::vector<double> p{0.5, 0.2, 0.2, 0.1, 0.0};
+  const std::vector<double> q{0.1, 0.1, 0.3, 0.3, 0.2};
+  double beta = 0.0;
+  for (std::size_t j = 0; j < p.size(); ++j) beta += std::min(p[j], q[j]);
+  for (const double factor : {1.0, 1.7, 0.6}) {
+    std::vector<double> scaled = q;
+    for (double& x : scaled) x *= factor;
+    UnigramModel<double> draft{scaled};
+    UnigramModel<double> per_prefix{p};
+    specdec::testing::BatchedMarkovModel<double> batched(
+        specdec::testing::MarkovModel<double>(p.size(), 0, p));
+    for (const double lenience : {1.0, 0.5}) {
+      INFO("factor " << factor << ", lenience " << lenience);
+      const specdec::DecoderOptions options{.gamma_policy = specdec::FixedGamma(3),
+                                            .lenience = lenience,
+                                            .validate_rows = factor == 1.0};
+      SpeculativeDecoder in_place(batched, draft, options);
+      SpeculativeDecoder copied(per_prefix, draft, options);
+      const auto in_place_stats = in_place.generate(prompt, 2000, 7).statistics;
+      CHECK(in_place_stats.beta_positions > 0);
+      CHECK(in_place_stats.mean_beta() == Catch::Approx(beta).epsilon(1e-12));
+      const auto copied_stats = copied.generate(prompt, 2000, 7).statistics;
+      CHECK(copied_stats.beta_positions > 0);
+      CHECK(copied_stats.mean_beta() == Catch::Approx(beta).epsilon(1e-12));
+    }
+  }
+}
+
+namespace {
+
+/// Drafts up to 3 tokens and records every top probability continue_drafting is given;
+/// says it needs them or not (`declares`), or has no needs_top_probability at all.
+template <int Declares>  // -1: no member, 0: false, 1: true
+struct TopRecorder {
+  std::vector<double>* seen;
+  [[nodiscard]] std::size_t next_gamma() const { return 3; }
+  [[nodiscard]] bool continue_drafting(double top_probability, std::size_t) const {
+    seen->push_back(top_probability);
+    return true;
+  }
+  void observe(const specdec::StepFeedback&) {}
+  [[nodiscard]] bool needs_timing() const { return false; }
+  [[nodiscard]] bool needs_top_probability() const requires(Declares >= 0) { return Declares == 1; }
+};
+
+}  // namespace
+
+TEST_CASE("SpeculativeDecoder: the draft top probability reaches policies that read it",
+          "[speculative_decoder]") {
+  // T = 1: max q over the row's sum (the fused draft pass takes the maximum only when the
+  // policy needs it; an unnormalised row with validation off shows the normaliser applies).
+  UnigramModel<double> target{{0.4, 0.3, 0.2, 0.1}};
+  for (const bool normalised : {true, false}) {
+    UnigramModel<double> draft{normalised ? std::vector<double>{0.1, 0.6, 0.2, 0.1}
+                                          : std::vector<double>{0.2, 1.2, 0.4, 0.2}};
+    for (const double temperature : {1.0, 0.5}) {
+      const auto q = specdec::standardize(std::vector<double>{0.1, 0.6, 0.2, 0.1},
+                                          specdec::SamplingOptions{.temperature = temperature});
+      const double top = *std::max_element(q.begin(), q.end());
+      INFO("normalised " << normalised << ", T = " << temperature);
+      std::vector<double> seen_default;
+      std::vector<double> seen_true;
+      std::vector<double> seen_false;
+      const auto run = [&](specdec::AnyGammaPolicy policy) {
+        SpeculativeDecoder decoder(target, draft,
+                                   {.sampling = {.temperature = temperature},
+                                    .gamma_policy = std::move(policy),
+                                    .validate_rows = normalised});
+        (void)decoder.generate(prompt, 20, 3);
+      };
+      run(TopRecorder<-1>{&seen_default});
+      run(TopRecorder<1>{&seen_true});
+      run(TopRecorder<0>{&seen_false});
+      REQUIRE(!seen_default.empty());
+      REQUIRE(!seen_false.empty());
+      for (const double value : seen_default) CHECK(value == Catch::Approx(top).epsilon(1e-12));
+      for (const double value : seen_true) CHECK(value == Catch::Approx(top).epsilon(1e-12));
+      // A policy that says it ignores the value is given 1 at T = 1 (not computed); at
+      // other temperatures the standardizer computes it anyway.
+      for (const double value : seen_false) {
+        CHECK(value == Catch::Approx(temperature == 1.0 ? 1.0 : top).epsilon(1e-12));
+      }
+    }
+  }
 }
 
 TEST_CASE("SpeculativeDecoder: zero-residual fallbacks are counted", "[speculative_decoder]") {

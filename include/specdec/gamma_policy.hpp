@@ -59,6 +59,25 @@ concept HasNeedsTiming = requires(const P& policy) {
   { policy.needs_timing() } -> std::convertible_to<bool>;
 };
 
+/// Optional: `policy.needs_top_probability()` (const): false when continue_drafting never
+/// reads its top_probability argument. The decoder then skips the maximum over each draft
+/// row (fused into its one pass over the row, it still costs compares) and passes 1.0.
+/// A policy without the member is given the true top probability.
+template <class P>
+concept HasNeedsTopProbability = requires(const P& policy) {
+  { policy.needs_top_probability() } -> std::convertible_to<bool>;
+};
+
+/// Whether `policy` reads the top probability (true unless it says otherwise).
+template <class P>
+[[nodiscard]] bool needs_top_probability(const P& policy) {
+  if constexpr (HasNeedsTopProbability<P>) {
+    return static_cast<bool>(policy.needs_top_probability());
+  } else {
+    return true;
+  }
+}
+
 /// A draft-length policy. See the file comment for the protocol.
 /// @code
 /// struct Halving {  // drafts 8 tokens, 1 after a step with no accepted draft
@@ -88,6 +107,7 @@ class FixedGamma {
   }
   void observe(const StepFeedback& /*feedback*/) noexcept {}
   [[nodiscard]] bool needs_timing() const noexcept { return false; }
+  [[nodiscard]] bool needs_top_probability() const noexcept { return false; }
 
  private:
   std::size_t gamma_;
@@ -119,6 +139,8 @@ class AnyGammaPolicy {
   }
   void observe(const StepFeedback& feedback) { holder_->observe(feedback); }
   [[nodiscard]] bool needs_timing() const { return holder_->needs_timing(); }
+  /// The held policy's needs_top_probability(), true if it has none.
+  [[nodiscard]] bool needs_top_probability() const { return holder_->needs_top_probability(); }
 
   /// The held policy if it is a `P`, else nullptr.
   template <class P>
@@ -138,6 +160,7 @@ class AnyGammaPolicy {
     [[nodiscard]] virtual bool continue_drafting(double, std::size_t) const = 0;
     virtual void observe(const StepFeedback&) = 0;
     [[nodiscard]] virtual bool needs_timing() const = 0;
+    [[nodiscard]] virtual bool needs_top_probability() const = 0;
   };
 
   template <class P>
@@ -156,6 +179,9 @@ class AnyGammaPolicy {
     void observe(const StepFeedback& feedback) override { policy.observe(feedback); }
     [[nodiscard]] bool needs_timing() const override {
       return static_cast<bool>(policy.needs_timing());
+    }
+    [[nodiscard]] bool needs_top_probability() const override {
+      return specdec::needs_top_probability(policy);
     }
     P policy;
   };
@@ -205,6 +231,7 @@ class AdditiveGamma {
     }
   }
   [[nodiscard]] bool needs_timing() const noexcept { return false; }
+  [[nodiscard]] bool needs_top_probability() const noexcept { return false; }
 
   [[nodiscard]] const AdditiveGammaOptions& options() const noexcept { return options_; }
 
@@ -248,6 +275,7 @@ class ConfidenceStop {
   }
   void observe(const StepFeedback& feedback) { inner_.observe(feedback); }
   [[nodiscard]] bool needs_timing() const { return static_cast<bool>(inner_.needs_timing()); }
+  [[nodiscard]] bool needs_top_probability() const noexcept { return true; }
 
   [[nodiscard]] double threshold() const noexcept { return threshold_; }
   [[nodiscard]] const Inner& inner() const noexcept { return inner_; }
@@ -357,6 +385,7 @@ class OptimalGammaController {
   }
 
   [[nodiscard]] bool needs_timing() const noexcept { return options_.measure_cost; }
+  [[nodiscard]] bool needs_top_probability() const noexcept { return false; }
 
   /// The current alpha estimate (see the class comment).
   [[nodiscard]] double alpha() const noexcept {

@@ -66,14 +66,27 @@ decltype(auto) with_residual_source(std::span<const T> target, std::span<const T
                                              static_cast<T>(lenience)});
 }
 
-/// One full draw from a source: builds the mass table (the streaming pass) and walks it.
-/// no_index if the mass is zero or non-finite.
+/// An index drawn from a source (no_index if its mass is zero or non-finite) and the mass.
+struct indexed_draw {
+  std::size_t index;
+  double mass;
+};
+
+/// One full draw from a source: builds the mass table (the streaming pass, with
+/// `before_block` fused into it, see build_mass_table) and walks it.
+template <class Source, class BeforeBlock>
+[[nodiscard]] indexed_draw draw_index(const Source& source, double u,
+                                      BeforeBlock&& before_block) noexcept {
+  mass_table table;
+  build_mass_table(source, table, before_block);
+  if (!table.drawable()) return {no_index, table.total};
+  return {draw_from_table(source, table, u), table.total};
+}
+
+/// One full draw from a source; no_index if the mass is zero or non-finite.
 template <class Source>
 [[nodiscard]] std::size_t draw_index(const Source& source, double u) noexcept {
-  mass_table table;
-  build_mass_table(source, table);
-  if (!table.drawable()) return no_index;
-  return draw_from_table(source, table, u);
+  return draw_index(source, u, no_block_hook{}).index;
 }
 
 /// The last resort when even p has no positive finite mass (a violated precondition):
@@ -83,11 +96,58 @@ template <class T>
   return static_cast<token_id>(row_argmax(target.data(), target.size()));
 }
 
-/// A draw from p (the fallback of every residual).
-template <class T>
-[[nodiscard]] token_id draw_from_target(std::span<const T> target, double u) noexcept {
-  const std::size_t index = draw_index(row_source<T>{target.data(), target.size()}, u);
+/// A draw from p (the fallback of every residual, and the bonus token), `before_block`
+/// fused into its pass over p.
+template <class T, class BeforeBlock = no_block_hook>
+[[nodiscard]] token_id draw_from_target(std::span<const T> target, double u,
+                                        BeforeBlock&& before_block = {}) noexcept {
+  const std::size_t index =
+      draw_index(row_source<T>{target.data(), target.size()}, u, before_block).index;
   return index == no_index ? last_resort(target) : static_cast<token_id>(index);
+}
+
+/// A residual draw, its fallback flag and the residual mass Z as computed.
+struct residual_outcome {
+  token_id token;
+  bool fallback;
+  double mass;
+};
+
+/// t ~ norm(max(0, p - f c)) for draft entries c and a factor f in T: f = l for a
+/// normalised draft row (sample_residual), f = l / s for a draft row kept unnormalised
+/// with sum s (the decoder's draft rows). f == 1 subtracts without multiplying.
+/// `before_block` is fused into the pass over the rows. Fallback as sample_residual.
+template <class T, class BeforeBlock = no_block_hook>
+[[nodiscard]] residual_outcome residual_draw(std::span<const T> target, std::span<const T> draft,
+                                             T factor, double u,
+                                             BeforeBlock&& before_block = {}) noexcept {
+  const indexed_draw draw =
+      factor == T(1) ? draw_index(difference_source<T>{target.data(), draft.data(), target.size()},
+                                  u, before_block)
+                     : draw_index(lenient_difference_source<T>{target.data(), draft.data(),
+                                                               target.size(), factor},
+                                  u, before_block);
+  if (draw.index != no_index) return {static_cast<token_id>(draw.index), false, draw.mass};
+  return {draw_from_target(target, u), true, draw.mass};
+}
+
+/// t ~ norm(max(0, p - l e_x)) (sample_residual_one_hot), `before_block` fused into its
+/// first pass over p.
+template <class T, class BeforeBlock = no_block_hook>
+[[nodiscard]] residual_outcome residual_one_hot_draw(std::span<const T> target, std::size_t x,
+                                                     double lenience, double u,
+                                                     BeforeBlock&& before_block = {}) noexcept {
+  const T remaining =
+      lenience == 1.0 ? T(0) : clamp_nonnegative(target[x] - static_cast<T>(lenience));
+  const indexed_draw draw = draw_index(
+      replaced_entry_source<T>{target.data(), target.size(), x, remaining}, u, before_block);
+  if (draw.index != no_index) return {static_cast<token_id>(draw.index), false, draw.mass};
+  if (remaining != T(0)) {  // lenient residual empty: try p without x
+    const std::size_t index =
+        draw_index(replaced_entry_source<T>{target.data(), target.size(), x, T(0)}, u);
+    if (index != no_index) return {static_cast<token_id>(index), true, draw.mass};
+  }
+  return {draw_from_target(target, u), true, draw.mass};
 }
 
 }  // namespace detail
@@ -126,11 +186,9 @@ template <ProbabilityScalar T, std::uniform_random_bit_generator G>
   SPECDEC_ASSERT(target.size() == draft.size());
   SPECDEC_ASSERT(!target.empty());
   SPECDEC_ASSERT(lenience > 0.0 && lenience <= 1.0);
-  const double u = uniform01<double>(g);
-  const std::size_t index = detail::with_residual_source(
-      target, draft, lenience, [u](const auto& source) { return detail::draw_index(source, u); });
-  if (index != detail::no_index) return {static_cast<token_id>(index), false};
-  return {detail::draw_from_target(target, u), true};
+  const detail::residual_outcome draw =
+      detail::residual_draw(target, draft, static_cast<T>(lenience), uniform01<double>(g));
+  return {draw.token, draw.fallback};
 }
 
 /// Draws t ~ norm(max(0, p - l e_x)): the residual of a one-hot draft q = e_x, i.e. p with
@@ -143,19 +201,9 @@ template <ProbabilityScalar T, std::uniform_random_bit_generator G>
   SPECDEC_ASSERT(!target.empty());
   SPECDEC_ASSERT(drafted >= 0 && static_cast<std::size_t>(drafted) < target.size());
   SPECDEC_ASSERT(lenience > 0.0 && lenience <= 1.0);
-  const double u = uniform01<double>(g);
-  const auto x = static_cast<std::size_t>(drafted);
-  const T remaining =
-      lenience == 1.0 ? T(0) : detail::clamp_nonnegative(target[x] - static_cast<T>(lenience));
-  std::size_t index = detail::draw_index(
-      detail::replaced_entry_source<T>{target.data(), target.size(), x, remaining}, u);
-  if (index != detail::no_index) return {static_cast<token_id>(index), false};
-  if (remaining != T(0)) {  // lenient residual empty: try p without x
-    index = detail::draw_index(
-        detail::replaced_entry_source<T>{target.data(), target.size(), x, T(0)}, u);
-    if (index != detail::no_index) return {static_cast<token_id>(index), true};
-  }
-  return {detail::draw_from_target(target, u), true};
+  const detail::residual_outcome draw = detail::residual_one_hot_draw(
+      target, static_cast<std::size_t>(drafted), lenience, uniform01<double>(g));
+  return {draw.token, draw.fallback};
 }
 
 /// The residual distribution norm(max(0, p - l q)) as a distribution object, shaped like

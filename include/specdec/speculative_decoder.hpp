@@ -7,25 +7,34 @@
 //     max_new_tokens is dropped (a prefix of an exact sample is exact), never emitted.
 //  2. Drafting, from any Drafter (concepts.hpp). A LanguageModel draft is adapted here: it
 //     is called once per token on context + x_1..x_{i-1}; its row is standardized
-//     (sampling.hpp) into the decoder's workspace, normalized, and the decoder itself draws
-//     x_i from it — so the q in the acceptance ratio is always the q the token came from.
+//     (sampling.hpp) into the decoder's workspace (at T = 1: copied, its normaliser kept as
+//     a scalar), and the decoder itself draws x_i from it — so the q in the acceptance
+//     ratio is always the q the token came from.
 //     Greedy (T = 0) drafts the argmax. A ProposalDrafter is called once and its tokens are
 //     verified with a one-hot q. After each drafted token the policy's
 //     continue_drafting(top probability of the standardized q row, drafted) may end drafting
-//     (greedy LM drafts pass the raw row's top probability, proposal drafters pass 1.0);
-//     drafting also ends right after a stop token.
+//     (greedy LM drafts pass the raw row's top probability, proposal drafters pass 1.0, and
+//     at T = 1 a policy whose needs_top_probability() is false gets 1.0: the maximum is not
+//     taken); drafting also ends right after a stop token.
 //  3. Scoring. A BatchedLanguageModel target scores all gamma + 1 prefixes in ONE score_draft
 //     call; any other target is called once per prefix. Target rows get the same
 //     standardization as draft rows.
-//  4. Verification by the exact core: verify_speculative (LanguageModel draft),
-//     verify_speculative_proposals (proposal drafter), verify_greedy (T = 0, exact match).
+//  4. Verification by the exact core: Algorithm 1's decisions (detail::accept_drafts for a
+//     LanguageModel draft, accept_proposals for a proposal drafter: the loops of
+//     verify_speculative and verify_speculative_proposals) and the residual or bonus draw,
+//     with validation and beta fused into the passes over whole rows; exact match for
+//     T = 0 (verify_greedy).
 //  5. Emission of x_1..x_n, t, cut right after a stop token or stop sequence; the policy
 //     observes the outcome; statistics are recorded; the streaming callback sees each token.
 //
 // Rows are used in place (no copy) only when the target is batched and the standardization
 // is the identity (T = 1, no truncation) or greedy. Draft rows and per-prefix target rows
 // are copied once into the decoder's workspace: a model's returned view is only valid until
-// its next call. The workspace is sized at construction for the policy's first gamma and
+// its next call. At T = 1 without truncation a draft row costs ONE pass (copy, validation,
+// maximum if the gamma policy reads it, and the sampling table, fused); its normaliser is
+// kept as a scalar rather than rescaling the row. Verification then reads target rows whole
+// only where it must (the draw of the final token; beta and validation of accepted rows),
+// each in one pass. The workspace is sized at construction for the policy's first gamma and
 // grows only if a later gamma is larger: a steady-state step allocates nothing (tested with
 // a counting allocator).
 //
@@ -62,6 +71,7 @@
 #include "specdec/concepts.hpp"
 #include "specdec/config.hpp"
 #include "specdec/detail/decoder_kernels.hpp"
+#include "specdec/detail/row_kernels.hpp"
 #include "specdec/draft_tree.hpp"
 #include "specdec/error.hpp"
 #include "specdec/gamma_policy.hpp"
@@ -133,16 +143,24 @@ struct DecoderOptions {
   /// Lenience l in (0, 1] (paper App. A.5), forwarded to the verifier; 1 = exact. Must be 1
   /// for greedy decoding.
   double lenience = 1.0;
-  /// Validate every model row (size always; NaN/Inf/negative entries, zero mass and
-  /// normalization here): reads each full row once more, about one extra pass over
-  /// (2 gamma + 1) rows per step. Greedy decoding (temperature 0) checks inside its argmax
-  /// scans instead, at no extra pass: every row it takes a token from, for NaN, negative
-  /// and infinite entries and all-zero rows, not for the sum (argmax does not need it);
-  /// target rows after the first mismatch are not read, so not checked. Off: rows are the
-  /// caller's documented precondition.
+  /// Validate every model row the step reads (size always; NaN/Inf/negative entries, zero
+  /// mass and normalization here). The checks ride on passes that read the rows anyway:
+  ///  - draft rows at T = 1 without truncation: in the one pass that copies the row and
+  ///    builds its sampling table; other draft rows and target rows the decoder copies or
+  ///    standardizes (per-prefix targets, T != 1, truncation): one screening pass first;
+  ///  - target rows used in place (a batched target at T = 1 without truncation): in the
+  ///    pass that reads each row whole anyway (beta, the residual or bonus draw), or a
+  ///    screening pass for an accepted row without beta. p_1..p_{n+1} are read, so checked;
+  ///    rows after the one the final token comes from are never read, so not checked;
+  ///  - greedy decoding (temperature 0): inside its argmax scans, every row it takes a token
+  ///    from, for NaN, negative and infinite entries and all-zero rows, not for the sum
+  ///    (argmax does not need it); target rows after the first mismatch are not read.
+  /// Off: rows are the caller's documented precondition.
   bool validate_rows = true;
-  /// Collect the mean beta statistic: reads min(n + 1, gamma) full row pairs per step for
-  /// LanguageModel drafts at T > 0 (nothing extra for greedy or proposal drafters).
+  /// Collect the mean beta statistic (LanguageModel drafts at T > 0): sum_x min(p_i, q_i)
+  /// for the accepted positions (a pass over each row pair, which also validates the
+  /// target row) and, at the rejected position, 1 - beta from the residual draw's own pass.
+  /// Nothing extra for greedy or proposal drafters.
   bool collect_beta = true;
   /// Called for every emitted token, in order, after the step's bookkeeping. Invoking it
   /// never allocates; exceptions from it propagate unchanged (tokens stay in generated()).
@@ -619,7 +637,10 @@ class SpeculativeDecoder {
   void grow_workspace(std::size_t gamma) {
     if (gamma <= workspace_gamma_ && !step_tokens_.empty()) return;
     gamma = std::max(gamma, workspace_gamma_);
-    if (needs_draft_rows()) draft_rows_.resize(gamma * vocab_size_);
+    if (needs_draft_rows()) {
+      draft_rows_.resize(gamma * vocab_size_);
+      draft_scales_.resize(gamma);
+    }
     if (needs_target_rows()) target_rows_.resize((gamma + 1) * vocab_size_);
     step_tokens_.resize(gamma + 1);
     step_sources_.resize(gamma + 1);
@@ -704,20 +725,40 @@ class SpeculativeDecoder {
     return text;
   }
 
-  // Size check (always) and full validation (validate_rows) of one model row.
   template <class U>
-  void check_row(std::span<const U> row, std::string_view model, std::size_t index) const {
+  void check_size(std::span<const U> row, std::string_view model, std::size_t index) const {
     if (row.size() != vocab_size_) {
       fail(errc::invalid_size, describe(model, index) + ": has " + std::to_string(row.size()) +
                                    " entries, expected the vocabulary size " +
                                    std::to_string(vocab_size_));
     }
-    // Greedy decoding validates inside its argmax scans (reject_greedy_row); sampling
-    // screens the row in one vectorized pass and lets the full validator name any problem.
+  }
+
+  // Size check (always) and full validation (validate_rows) of one model row, for rows the
+  // step reads whole before using them (standardized or copied). Greedy decoding validates
+  // inside its argmax scans (reject_greedy_row); rows read by the fused passes are screened
+  // there (check_screen).
+  template <class U>
+  void check_row(std::span<const U> row, std::string_view model, std::size_t index) const {
+    check_size(row, model, index);
     if (!options_.validate_rows || options_.sampling.greedy()) return;
-    if (detail::plausible_probability_row(row.data(), row.size(), default_sum_tolerance<U>)) {
-      return;
+    if (!detail::plausible_probability_row(row.data(), row.size(), default_sum_tolerance<U>)) {
+      reject_probability_row(row, model, index);
     }
+  }
+
+  // The verdict of a screen fused into a pass over a row: an implausible row goes to the
+  // full validator, which names the problem (or accepts the row: -0.0 entries, a sum at the
+  // edge of the tolerance).
+  template <class U>
+  void check_screen(const detail::row_screen<U>& screen, std::span<const U> row,
+                    std::string_view model, std::size_t index) const {
+    if (!screen.plausible(default_sum_tolerance<U>)) reject_probability_row(row, model, index);
+  }
+
+  template <class U>
+  void reject_probability_row(std::span<const U> row, std::string_view model,
+                              std::size_t index) const {
     reject_row(row, model, index, [this](std::span<const U> r, const RowLocation& where) {
       validate_probability_row(r, vocab_size_, where);
     });
@@ -894,6 +935,7 @@ class SpeculativeDecoder {
   std::size_t draft_tokens(std::size_t gamma, G& g, StepResult& result) {
     if (gamma == 0) return 0;
     if constexpr (draft_is_model) {
+      const bool want_top = options_.gamma_policy.needs_top_probability();
       for (std::size_t i = 0; i < gamma; ++i) {
         const std::span<const token_id> prefix(sequence_);
         auto&& returned = call_model("draft", i, [&]() -> decltype(auto) {
@@ -901,10 +943,13 @@ class SpeculativeDecoder {
         });
         const auto row = as_span(returned);
         ++result.draft_calls;
-        check_row(row, "draft", i);
         token_id drafted = 0;
         double top_probability = 0.0;
-        if (options_.sampling.greedy()) {
+        if (options_.sampling.identity()) {
+          check_size(row, "draft", i);
+          drafted = draft_identity(row, i, g, want_top, top_probability);
+        } else if (options_.sampling.greedy()) {
+          check_size(row, "draft", i);
           if (options_.validate_rows) {
             const std::size_t best = detail::screened_argmax(row.data(), row.size());
             if (best == detail::no_index) reject_greedy_row(row, "draft", i);
@@ -914,8 +959,10 @@ class SpeculativeDecoder {
           }
           top_probability = static_cast<double>(row[static_cast<std::size_t>(drafted)]);
         } else {
+          check_row(row, "draft", i);
           const std::span<value_type> q = draft_row(i);
           top_probability = standardizer_.apply(row, q);
+          draft_scales_[i] = 1.0;
           drafted = sample_from_row(std::span<const value_type>(q), g);
         }
         sequence_.push_back(drafted);
@@ -956,6 +1003,68 @@ class SpeculativeDecoder {
     }
   }
 
+  // A draft token from a row at T = 1 without truncation, in ONE pass over the row: it is
+  // copied into the workspace (a model's row is valid only until its next call) while the
+  // same pass screens it for validation (validate_rows), takes its maximum (for a policy
+  // that reads the top probability) and builds the mass table of the copy; then one draw
+  // walks one superblock. The row is not rescaled: its normaliser s (the table's total) is
+  // kept as the scalar draft_scales_[i] = 1 / s, and verification reads q = c / s.
+  template <class U, class G>
+  token_id draft_identity(std::span<const U> row, std::size_t i, G& g, bool want_top,
+                          double& top_probability) {
+    value_type* const copy = draft_rows_.data() + i * vocab_size_;
+    const detail::row_source<value_type> source{copy, vocab_size_};
+    // The sum is the table's total (entries >= 0 once the screen passed), unless the row is
+    // converted to another type: then the row's own sum, as the validator computes it.
+    constexpr bool converted = !std::is_same_v<U, value_type>;
+    detail::sign_screen<U> screen;
+    detail::lane_sum<U> raw_sum;
+    detail::row_maximum<U> maximum;
+    detail::mass_table table;
+    const auto pass = [&](auto screened, auto with_maximum) {
+      detail::build_mass_table(source, table, [&](std::size_t first, std::size_t count) {
+        const U* in = row.data() + first;
+        if constexpr (std::is_same_v<U, value_type>) {
+          std::copy_n(in, count, copy + first);
+        } else {
+          for (std::size_t j = 0; j < count; ++j) copy[first + j] = static_cast<value_type>(in[j]);
+        }
+        if constexpr (decltype(screened)::value) {
+          screen.add(in, count);
+          if constexpr (converted) raw_sum.add(in, count);
+        }
+        if constexpr (decltype(with_maximum)::value) maximum.add(in, count);
+      });
+    };
+    if (options_.validate_rows) {
+      if (want_top) {
+        pass(std::true_type{}, std::true_type{});
+      } else {
+        pass(std::true_type{}, std::false_type{});
+      }
+      const double total = converted ? raw_sum.value() : table.total;
+      if (!detail::plausible_total(screen.passed(), total, default_sum_tolerance<U>)) {
+        reject_probability_row(row, "draft", i);
+      }
+    } else if (want_top) {
+      pass(std::false_type{}, std::true_type{});
+    } else {
+      pass(std::false_type{}, std::false_type{});
+    }
+    const double u = uniform01<double>(g);
+    double scale = 1.0;
+    std::size_t index = detail::no_index;
+    if (table.drawable()) {
+      scale = 1.0 / table.total;
+      index = detail::draw_from_table(source, table, u);
+    }
+    // No positive finite mass (only without validation): the argmax, as sample_from_row.
+    if (index == detail::no_index) index = detail::row_argmax(copy, vocab_size_);
+    draft_scales_[i] = scale;
+    top_probability = want_top ? static_cast<double>(maximum.value()) * scale : 1.0;
+    return static_cast<token_id>(index);
+  }
+
   // Scores the drafted prefixes with the target and verifies (result.accepted, the token t
   // in step_tokens_[drafted], sources), collecting beta.
   template <class G>
@@ -975,17 +1084,16 @@ class SpeculativeDecoder {
                  std::to_string(rows.rows()) + " x " + std::to_string(rows.cols()) + ", expected " +
                  std::to_string(drafted + 1) + " x " + std::to_string(vocab_size_));
       }
-      for (std::size_t i = 0; i <= drafted; ++i) {
-        check_row(std::span<const scored_scalar>(rows.row(i)), "target", i);
-      }
       if constexpr (std::is_same_v<scored_scalar, value_type>) {
-        if (!needs_target_rows()) {
-          verify(g, result, rows);
+        if (!needs_target_rows()) {  // in place: validated by the passes that read them
+          verify(g, result, rows, options_.validate_rows);
           return;
         }
       }
       for (std::size_t i = 0; i <= drafted; ++i) {
-        load_target_row(std::span<const scored_scalar>(rows.row(i)), i);
+        const std::span<const scored_scalar> row(rows.row(i));
+        check_row(row, "target", i);
+        load_target_row(row, i);
       }
     } else {
       for (std::size_t i = 0; i <= drafted; ++i) {
@@ -999,7 +1107,8 @@ class SpeculativeDecoder {
         load_target_row(row, i);
       }
     }
-    verify(g, result, RowsView<const value_type>(target_rows_.data(), drafted + 1, vocab_size_));
+    verify(g, result, RowsView<const value_type>(target_rows_.data(), drafted + 1, vocab_size_),
+           false);
   }
 
   // Copies (greedy, identity) or standardizes a target row into the workspace.
@@ -1014,13 +1123,19 @@ class SpeculativeDecoder {
     }
   }
 
+  // Verification (Algorithm 1: detail::accept_drafts / accept_proposals, then the residual
+  // or bonus draw; exact match for greedy) with the step's other reads of whole target rows
+  // fused into it. `screen`: the rows are the model's own (in place) and not yet validated;
+  // each row the step reads is then screened in the pass that reads it, and only those
+  // rows: p_1..p_n (accepted) in their beta pass or a pass of their own, p_{n+1} in the
+  // residual or bonus draw's pass. Rows after it are never read, so never checked.
   template <class G>
-  void verify(G& g, StepResult& result, RowsView<const value_type> target_rows) {
+  void verify(G& g, StepResult& result, RowsView<const value_type> target_rows, bool screen) {
     const std::size_t drafted = result.drafted;
     const std::span<const token_id> drafts(sequence_.data() + base_length_, drafted);
-    const SpeculativeSamplingOptions verification{options_.lenience};
-    VerificationResult verdict;
+    result.nodes_scored = drafted;
     if (options_.sampling.greedy()) {
+      VerificationResult verdict;
       if (options_.validate_rows) {
         std::size_t bad_row = detail::no_index;
         verdict = detail::verify_greedy_screened(drafts, target_rows, bad_row);
@@ -1031,37 +1146,109 @@ class SpeculativeDecoder {
       } else {
         verdict = verify_greedy(drafts, target_rows);
       }
-    } else if constexpr (draft_is_model) {
-      verdict = verify_speculative(
-          drafts, RowsView<const value_type>(draft_rows_.data(), drafted, vocab_size_), target_rows,
-          g, verification);
-    } else {
-      verdict = verify_speculative_proposals(drafts, target_rows, g, verification);
-    }
-    result.accepted = verdict.accepted;
-    result.nodes_scored = drafted;
-    result.residual_fallback = verdict.residual_fallback;
-    step_tokens_[verdict.accepted] = verdict.token;
-    step_sources_[verdict.accepted] = verdict.source;
-    if (options_.collect_beta) collect_beta(result, target_rows);
-  }
-
-  void collect_beta(StepResult& result, RowsView<const value_type> target_rows) const noexcept {
-    const std::size_t positions = std::min(result.accepted + 1, result.drafted);
-    result.beta_positions = positions;
-    if (options_.sampling.greedy()) {
-      result.beta_sum = static_cast<double>(result.accepted);
+      record_verdict(result, verdict.accepted, verdict.token, verdict.source, false);
+      if (options_.collect_beta) {  // p and q one-hot: beta_i = 1 if x_i matched, else 0
+        result.beta_positions = std::min(result.accepted + 1, drafted);
+        result.beta_sum = static_cast<double>(result.accepted);
+      }
       return;
     }
-    for (std::size_t i = 0; i < positions; ++i) {
+    const double lenience = options_.lenience;
+    std::size_t n = 0;
+    if constexpr (draft_is_model) {
+      n = detail::accept_drafts(drafts, draft_view(drafted), draft_scales_.data(), target_rows, g,
+                                lenience);
+    } else {
+      n = detail::accept_proposals(drafts, target_rows, g, lenience);
+    }
+    const bool beta = options_.collect_beta;
+    double beta_sum = 0.0;
+    for (std::size_t i = 0; i < n; ++i) beta_sum += read_accepted_row(i, target_rows, screen);
+    // The one draw: from the residual at position n + 1, or the bonus token from p_{gamma+1}.
+    const std::span<const value_type> p(target_rows.row(n));
+    detail::row_screen<value_type> p_screen;
+    const auto screen_block = [&](std::size_t first, std::size_t count) {
+      p_screen.add(p.data() + first, count);
+    };
+    const double u = uniform01<double>(g);
+    if (n < drafted) {
+      detail::residual_outcome draw{};
       if constexpr (draft_is_model) {
-        result.beta_sum += detail::overlap_mass(target_rows.row(i).data(),
-                                                draft_rows_.data() + i * vocab_size_, vocab_size_);
+        // beta_{n+1} = sum min(p, q) = sum p - sum max(0, p - q): from the residual's pass.
+        const bool sum_p = screen || (beta && lenience == 1.0);
+        const std::span<const value_type> c(draft_rows_.data() + n * vocab_size_, vocab_size_);
+        const auto factor = static_cast<value_type>(lenience * draft_scales_[n]);
+        draw = sum_p ? detail::residual_draw(p, c, factor, u, screen_block)
+                     : detail::residual_draw(p, c, factor, u);
+        if (beta) {
+          beta_sum += lenience == 1.0 ? p_screen.total() - draw.mass : beta_of_row(n, target_rows);
+        }
       } else {
-        const auto x = static_cast<std::size_t>(sequence_[base_length_ + i]);
-        result.beta_sum += static_cast<double>(target_rows(i, x));
+        const auto x = static_cast<std::size_t>(drafts[n]);
+        draw = screen ? detail::residual_one_hot_draw(p, x, lenience, u, screen_block)
+                      : detail::residual_one_hot_draw(p, x, lenience, u);
+        if (beta) beta_sum += static_cast<double>(p[x]);
+      }
+      if (screen) check_screen(p_screen, p, "target", n);
+      record_verdict(result, n, draw.token, token_source::correction, draw.fallback);
+    } else {
+      const token_id token =
+          screen ? detail::draw_from_target(p, u, screen_block) : detail::draw_from_target(p, u);
+      if (screen) check_screen(p_screen, p, "target", n);
+      record_verdict(result, n, token, token_source::bonus, false);
+    }
+    if (beta) {
+      result.beta_positions = std::min(n + 1, drafted);
+      result.beta_sum = beta_sum;
+    }
+  }
+
+  void record_verdict(StepResult& result, std::size_t accepted, token_id token, token_source source,
+                      bool fallback) {
+    result.accepted = accepted;
+    result.residual_fallback = fallback;
+    step_tokens_[accepted] = token;
+    step_sources_[accepted] = source;
+  }
+
+  [[nodiscard]] RowsView<const value_type> draft_view(std::size_t rows) const noexcept {
+    return RowsView<const value_type>(draft_rows_.data(), rows, vocab_size_);
+  }
+
+  // The whole-row reads of accepted position i: beta_i (collect_beta; fused with the
+  // screen) and the screen alone otherwise. Returns beta_i (0 without collect_beta).
+  double read_accepted_row(std::size_t i, RowsView<const value_type> target_rows, bool screen) {
+    const std::span<const value_type> p(target_rows.row(i));
+    double beta = 0.0;
+    if (options_.collect_beta) {
+      if constexpr (draft_is_model) {
+        const value_type* c = draft_rows_.data() + i * vocab_size_;
+        const auto factor = static_cast<value_type>(draft_scales_[i]);
+        detail::row_screen<value_type> p_screen;
+        if (screen) {
+          beta = detail::overlap_mass<true>(p.data(), c, factor, vocab_size_, p_screen);
+          check_screen(p_screen, p, "target", i);
+        } else {
+          beta = detail::overlap_mass<false>(p.data(), c, factor, vocab_size_, p_screen);
+        }
+        return beta;
+      } else {
+        beta = static_cast<double>(p[static_cast<std::size_t>(sequence_[base_length_ + i])]);
       }
     }
+    if (screen && !detail::plausible_probability_row(p.data(), vocab_size_,
+                                                     default_sum_tolerance<value_type>)) {
+      reject_probability_row(p, "target", i);
+    }
+    return beta;
+  }
+
+  // beta_i = sum min(p_i, q_i) in a pass of its own (a lenient residual's mass is not 1 - beta).
+  [[nodiscard]] double beta_of_row(std::size_t i, RowsView<const value_type> target_rows) const {
+    detail::row_screen<value_type> unused;
+    return detail::overlap_mass<false>(
+        target_rows.row(i).data(), draft_rows_.data() + i * vocab_size_,
+        static_cast<value_type>(draft_scales_[i]), vocab_size_, unused);
   }
 
   // Emits x_1..x_n, t into sequence_ (replacing the drafts) and step_tokens_, cut after a
@@ -1113,7 +1300,8 @@ class SpeculativeDecoder {
   std::size_t vocab_size_;
   Standardizer<value_type> standardizer_;
   std::vector<std::uint8_t> stop_lookup_;
-  std::vector<value_type> draft_rows_;   // q_1..q_gamma, standardized and normalized
+  std::vector<value_type> draft_rows_;   // q_1..q_gamma up to a factor (draft_scales_)
+  std::vector<double> draft_scales_;     // q_i = draft_scales_[i] * draft row i
   std::vector<value_type> target_rows_;  // p_1..p_{gamma+1} when not used in place
   std::vector<token_id> sequence_;       // context, then drafts / emitted tokens
   std::vector<token_id> step_tokens_;

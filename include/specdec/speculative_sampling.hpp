@@ -58,6 +58,49 @@ void assert_step_shapes([[maybe_unused]] std::size_t gamma,
   SPECDEC_ASSERT(options.lenience > 0.0 && options.lenience <= 1.0);
 }
 
+/// Draft rows stored normalised: q_i(x) = draft_rows(i, x).
+struct unit_scales {
+  [[nodiscard]] constexpr double operator[](std::size_t /*row*/) const noexcept { return 1.0; }
+};
+
+/// Algorithm 1's decisions: examines x_1, x_2, ... with one uniform each and returns n,
+/// the number accepted before the first rejection (gamma if none). q_i(x) is
+/// draft_rows(i, x) * scales[i] (the decoder keeps its draft rows unnormalised and their
+/// normalisers as scalars). Reads two entries per examined position.
+template <class T, class G, class Scales>
+[[nodiscard]] std::size_t accept_drafts(std::span<const token_id> draft_tokens,
+                                        RowsView<const T> draft_rows, const Scales& scales,
+                                        RowsView<const T> target_rows, G& g, double lenience) {
+  const std::size_t gamma = draft_tokens.size();
+  for (std::size_t i = 0; i < gamma; ++i) {
+    const token_id drafted = draft_tokens[i];
+    SPECDEC_ASSERT(drafted >= 0 && static_cast<std::size_t>(drafted) < target_rows.cols());
+    const auto x = static_cast<std::size_t>(drafted);
+    const auto p = static_cast<double>(target_rows(i, x));
+    const double q = static_cast<double>(draft_rows(i, x)) * scales[i];
+    SPECDEC_ASSERT(p >= 0.0 && q >= 0.0);
+    const double u = uniform01<double>(g);
+    if (!(u * (lenience * q) < p)) return i;  // reject x_{i+1}
+  }
+  return gamma;
+}
+
+/// The decisions for one-hot drafts: x_i is accepted iff u * l < p_i(x_i).
+template <class T, class G>
+[[nodiscard]] std::size_t accept_proposals(std::span<const token_id> draft_tokens,
+                                           RowsView<const T> target_rows, G& g, double lenience) {
+  const std::size_t gamma = draft_tokens.size();
+  for (std::size_t i = 0; i < gamma; ++i) {
+    const token_id drafted = draft_tokens[i];
+    SPECDEC_ASSERT(drafted >= 0 && static_cast<std::size_t>(drafted) < target_rows.cols());
+    const auto p = static_cast<double>(target_rows(i, static_cast<std::size_t>(drafted)));
+    SPECDEC_ASSERT(p >= 0.0);
+    const double u = uniform01<double>(g);
+    if (!(u * lenience < p)) return i;
+  }
+  return gamma;
+}
+
 /// The bonus token after accepting every draft: t ~ p_{gamma+1}.
 template <class T, class G>
 VerificationResult bonus_step(std::size_t gamma, RowsView<const T> target_rows, G& g) {
@@ -90,20 +133,13 @@ VerificationResult verify_speculative(std::span<const token_id> draft_tokens,
   detail::assert_step_shapes(gamma, target_rows, options);
   SPECDEC_ASSERT(draft_rows.rows() == gamma);
   SPECDEC_ASSERT(gamma == 0 || draft_rows.cols() == target_rows.cols());  // no rows: any width
-  const double lenience = options.lenience;
-  for (std::size_t i = 0; i < gamma; ++i) {
-    const token_id drafted = draft_tokens[i];
-    SPECDEC_ASSERT(drafted >= 0 && static_cast<std::size_t>(drafted) < target_rows.cols());
-    const auto x = static_cast<std::size_t>(drafted);
-    const auto p = static_cast<double>(target_rows(i, x));
-    const auto q = static_cast<double>(draft_rows(i, x));
-    SPECDEC_ASSERT(p >= 0.0 && q >= 0.0);
-    const double u = uniform01<double>(g);
-    if (!(u * (lenience * q) < p)) {  // reject x_{i+1}: draw the correction at position i+1
-      const ResidualDraw draw = sample_residual(std::span<const T>(target_rows.row(i)),
-                                                std::span<const T>(draft_rows.row(i)), g, lenience);
-      return {i, draw.token, token_source::correction, draw.fallback};
-    }
+  const std::size_t n = detail::accept_drafts(draft_tokens, draft_rows, detail::unit_scales{},
+                                              target_rows, g, options.lenience);
+  if (n < gamma) {  // x_{n+1} rejected: draw the correction at position n+1
+    const ResidualDraw draw =
+        sample_residual(std::span<const T>(target_rows.row(n)),
+                        std::span<const T>(draft_rows.row(n)), g, options.lenience);
+    return {n, draw.token, token_source::correction, draw.fallback};
   }
   return detail::bonus_step(gamma, target_rows, g);
 }
@@ -118,18 +154,11 @@ VerificationResult verify_speculative_proposals(std::span<const token_id> draft_
                                                 const SpeculativeSamplingOptions& options = {}) {
   const std::size_t gamma = draft_tokens.size();
   detail::assert_step_shapes(gamma, target_rows, options);
-  const double lenience = options.lenience;
-  for (std::size_t i = 0; i < gamma; ++i) {
-    const token_id drafted = draft_tokens[i];
-    SPECDEC_ASSERT(drafted >= 0 && static_cast<std::size_t>(drafted) < target_rows.cols());
-    const auto p = static_cast<double>(target_rows(i, static_cast<std::size_t>(drafted)));
-    SPECDEC_ASSERT(p >= 0.0);
-    const double u = uniform01<double>(g);
-    if (!(u * lenience < p)) {
-      const ResidualDraw draw =
-          sample_residual_one_hot(std::span<const T>(target_rows.row(i)), drafted, g, lenience);
-      return {i, draw.token, token_source::correction, draw.fallback};
-    }
+  const std::size_t n = detail::accept_proposals(draft_tokens, target_rows, g, options.lenience);
+  if (n < gamma) {
+    const ResidualDraw draw = sample_residual_one_hot(std::span<const T>(target_rows.row(n)),
+                                                      draft_tokens[n], g, options.lenience);
+    return {n, draw.token, token_source::correction, draw.fallback};
   }
   return detail::bonus_step(gamma, target_rows, g);
 }

@@ -69,6 +69,12 @@ struct FaultLog {
   // Greedy chain decoding validates inside its argmax scans: only the rows it takes a token
   // from, and not their sums, so a content fault is detected only if its row is read.
   bool greedy_scan = false;
+  // Sampling at T = 1 without truncation uses score_draft's rows in place and validates
+  // them in the passes that read them: rows after the one the final token is drawn from are
+  // never read, so a content fault in a block row is detected only if its row is read.
+  bool lazy_block_rows = false;
+  bool in_block = false;  // inside score_draft
+  [[nodiscard]] bool lazy() const { return greedy_scan || (lazy_block_rows && in_block); }
   [[nodiscard]] bool any() const { return strict && !must.empty(); }
   void clear() {
     must.clear();
@@ -140,7 +146,7 @@ std::span<const T> produce_row(FaultLog& log, std::uint64_t seed, bool pure, std
   if (code && !log.content_faults) {
     pure_row(seed, context, row);  // unchecked rows must be valid: replace the bad one
   } else if (code) {
-    (ambiguous || log.greedy_scan ? log.may : log.must).push_back(*code);
+    (ambiguous || log.lazy() ? log.may : log.must).push_back(*code);
   } else if (ambiguous) {
     log.may.push_back(errc::not_normalized);
   }
@@ -230,7 +236,16 @@ class FuzzBatchedModel : public FuzzModel<T> {
     FaultLog& log = *this->log_;
     const std::size_t must_before = log.must.size();
     const std::size_t may_before = log.may.size();
-    const std::span<const T> row = this->next_token_probabilities(prefix_);
+    const std::span<const T> row = [&] {
+      struct Scope {  // in_block is cleared even when the call throws
+        FaultLog& log;
+        explicit Scope(FaultLog& l) : log(l) { log.in_block = true; }
+        Scope(const Scope&) = delete;
+        Scope& operator=(const Scope&) = delete;
+        ~Scope() { log.in_block = false; }
+      } scope(log);
+      return this->next_token_probabilities(prefix_);
+    }();
     const std::span<T> stored(storage_.data() + i * cols, cols);
     std::fill(stored.begin(), stored.end(), T(0));
     std::copy_n(row.begin(), std::min(cols, row.size()), stored.begin());
@@ -244,7 +259,7 @@ class FuzzBatchedModel : public FuzzModel<T> {
       if (code && !log.content_faults) {
         pure_row(this->seed_, std::span<const token_id>(prefix_), stored);
       } else if (code) {
-        (ambiguous || log.greedy_scan ? log.may : log.must).push_back(*code);
+        (ambiguous || log.lazy() ? log.may : log.must).push_back(*code);
       } else if (ambiguous) {
         log.may.push_back(errc::not_normalized);
       }
@@ -608,6 +623,8 @@ void run_with(FuzzedDataProvider& in, FaultLog& log, Target& target, Draft& draf
   };
   log.content_faults = setup.options.validate_rows;
   log.greedy_scan = setup.options.validate_rows && setup.options.sampling.greedy() && !setup.tree;
+  log.lazy_block_rows =
+      setup.options.validate_rows && setup.options.sampling.identity() && !setup.tree;
   if constexpr (!specdec::LanguageModel<Draft> && !specdec::MultiProposalDrafter<Draft>) {
     if (setup.tree) setup.construction_problems.push_back(errc::invalid_option);
   }

@@ -203,9 +203,19 @@ struct mass_table {
   }
 };
 
+/// A build_mass_table hook that does nothing.
+struct no_block_hook {
+  void operator()(std::size_t /*first*/, std::size_t /*count*/) const noexcept {}
+};
+
 /// One streaming pass over the source: block sums, cumulative superblock masses, total.
-template <class Source>
-inline void build_mass_table(const Source& source, mass_table& table) noexcept {
+/// `before_block(first, count)` runs before each block [first, first + count) is summed
+/// (count <= kernel_block, blocks in order): work fused into the pass while the block is
+/// in L1, e.g. writing the block's entries that the source then reads, or screening a row
+/// for validation. It may write only the block it is given.
+template <class Source, class BeforeBlock>
+inline void build_mass_table(const Source& source, mass_table& table,
+                             BeforeBlock&& before_block) noexcept {
   const std::size_t size = source.size();
   const std::size_t blocks = (size + kernel_block - 1) / kernel_block;
   const std::size_t blocks_per_superblock =
@@ -218,11 +228,19 @@ inline void build_mass_table(const Source& source, mass_table& table) noexcept {
     const std::size_t last =
         first + table.superblock_elements < size ? first + table.superblock_elements : size;
     double mass = 0.0;
-    for (std::size_t b = first; b < last; b += kernel_block) mass += block_sum(source, b);
+    for (std::size_t b = first; b < last; b += kernel_block) {
+      before_block(b, last - b < kernel_block ? last - b : kernel_block);
+      mass += block_sum(source, b);
+    }
     total += mass;
     table.cumulative_mass[s] = total;
   }
   table.total = total;
+}
+
+template <class Source>
+inline void build_mass_table(const Source& source, mass_table& table) noexcept {
+  build_mass_table(source, table, no_block_hook{});
 }
 
 /// Index of the first item whose running mass exceeds `target`, walking items that
