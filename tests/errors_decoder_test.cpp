@@ -615,6 +615,47 @@ TEMPLATE_TEST_CASE(
   }
 }
 
+TEMPLATE_TEST_CASE("D13-D15 top-k: rows kept as survivors are validated in the selection pass",
+                   "[errors][speculative_decoder]", float, double) {
+  // With top-k truncation the decoder reads each model row once, selecting its survivors;
+  // validation rides on that pass: the same codes and messages as every other path, for
+  // draft rows, per-prefix target rows and batched target rows.
+  struct Case {
+    fault how;
+    errc code;
+    const char* problem;
+  };
+  for (const Case c :
+       {Case{fault::nan_entry, errc::invalid_probability, "entry for token 1 is NaN"},
+        Case{fault::negative, errc::invalid_probability, "entry for token 1 is negative"},
+        Case{fault::zero_row, errc::zero_mass, "all entries are zero"},
+        Case{fault::unnormalized, errc::not_normalized, "entries sum to 1.5"},
+        Case{fault::short_row, errc::invalid_size, "has 3 entries"}}) {
+    specdec::DecoderOptions options = fixed(2);
+    options.sampling = {.temperature = 0.7, .top_k = 2, .top_p = 0.95};
+    for (const int where : {0, 1, 2}) {  // draft, per-prefix target, batched target
+      if (where == 2 && c.how == fault::short_row) continue;  // a block has no short rows
+      INFO("fault in " << (where == 0 ? "the draft" : where == 1 ? "a target row" : "a block row"));
+      ScriptedModel<TestType> draft;
+      ScriptedModel<TestType> target;
+      ScriptedBatchedModel<TestType> batched;
+      (where == 0 ? draft : where == 1 ? target : batched).fail_at = 1;
+      (where == 0 ? draft : where == 1 ? target : batched).how = c.how;
+      const std::string row = where == 0 ? "draft row 1" : "target row 1";
+      const std::string expected = row + " (step 0, sequence position 3): " + c.problem;
+      if (where == 2) {
+        specdec::SpeculativeDecoder decoder(batched, draft, options);
+        check_error(
+            "D13", [&] { (void)decoder.generate(prompt, 8, std::uint64_t{1}); }, c.code, expected);
+      } else {
+        specdec::SpeculativeDecoder decoder(target, draft, options);
+        check_error(
+            "D13", [&] { (void)decoder.generate(prompt, 8, std::uint64_t{1}); }, c.code, expected);
+      }
+    }
+  }
+}
+
 TEMPLATE_TEST_CASE("D16 generate: score_draft returns the wrong number of rows",
                    "[errors][speculative_decoder]", float, double) {
   for (const std::ptrdiff_t extra : {-1, 1}) {

@@ -12,9 +12,11 @@
 #include <string>
 #include <vector>
 
+#include <catch2/catch_approx.hpp>
 #include <catch2/catch_template_test_macros.hpp>
 #include <catch2/catch_test_macros.hpp>
 
+#include "specdec/detail/sparse_rows.hpp"
 #include "specdec/random.hpp"
 #include "specdec/residual_distribution.hpp"
 #include "support/scripted_uniforms.hpp"
@@ -641,6 +643,116 @@ TEMPLATE_TEST_CASE("Residual draws with an unnormalised draft row and a fused bl
         CHECK(fused.fallback == plain.fallback);
         CHECK(fused.mass == plain.mass);
       }
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("Sparse rows: draws and residuals over survivors give each token its weight",
+                   "[residual_distribution]", float, double) {
+  // The decoder keeps top-k rows as survivors (increasing ids, weights). Exact laws of the
+  // real kernels: over a grid of N uniforms u = k / N an inverse-CDF draw gives token j for
+  // a run of consecutive u whose length is N w_j / Z up to one grid step, so each count must
+  // be within 1 (plus rounding) of N w_j / Z, for the plain draw, the residual
+  // max(0, p - l q) (q merged by id, ids of q outside p ignored) and the one-hot residual.
+  using T = TestType;
+  using specdec::detail::sparse_row;
+  specdec::xoshiro256pp g(41);
+  constexpr std::size_t grid = 20000;
+  const auto law_of = [](const auto& draw, std::size_t vocab) {
+    std::vector<double> counts(vocab, 0.0);
+    std::size_t out_of_range = 0;
+    for (std::size_t k = 0; k < grid; ++k) {
+      const std::size_t token = draw(static_cast<double>(k) / static_cast<double>(grid));
+      if (token < vocab) {
+        counts[token] += 1.0;
+      } else {
+        ++out_of_range;
+      }
+    }
+    CHECK(out_of_range == 0);
+    return counts;
+  };
+  const auto check_law = [](const std::vector<double>& counts, const std::vector<double>& w) {
+    double total = 0.0;
+    for (const double x : w) total += x;
+    for (std::size_t j = 0; j < w.size(); ++j) {
+      INFO("token " << j << " weight " << w[j] / total);
+      CHECK(std::abs(counts[j] - static_cast<double>(grid) * w[j] / total) <= 1.0 + 1e-6);
+    }
+  };
+  for (int trial = 0; trial < 40; ++trial) {
+    const std::size_t vocab = 2 + specdec::uniform_below(g, 300);
+    // Survivors of p and q: random subsets (increasing ids) with random weights.
+    std::vector<std::uint32_t> p_ids;
+    std::vector<std::uint32_t> q_ids;
+    std::vector<T> p_w;
+    std::vector<T> q_w;
+    std::vector<double> p_dense(vocab, 0.0);
+    std::vector<double> q_dense(vocab, 0.0);
+    for (std::size_t j = 0; j < vocab; ++j) {
+      if (specdec::uniform01<double>(g) < 0.3 || (j == vocab - 1 && p_ids.empty())) {
+        p_ids.push_back(static_cast<std::uint32_t>(j));
+        p_w.push_back(static_cast<T>(specdec::uniform01<double>(g) + 0.01));
+        p_dense[j] = static_cast<double>(p_w.back());
+      }
+      if (specdec::uniform01<double>(g) < 0.3) {
+        q_ids.push_back(static_cast<std::uint32_t>(j));
+        q_w.push_back(static_cast<T>(specdec::uniform01<double>(g) + 0.01));
+        q_dense[j] = static_cast<double>(q_w.back());
+      }
+    }
+    const sparse_row<T> p{p_ids.data(), p_w.data(), p_ids.size()};
+    const sparse_row<T> q{q_ids.data(), q_w.data(), q_ids.size()};
+    INFO("trial " << trial << ", V = " << vocab);
+    for (std::size_t j = 0; j < vocab; ++j) {
+      CHECK(static_cast<double>(p.at(j)) == p_dense[j]);
+      CHECK(static_cast<double>(q.at(j)) == q_dense[j]);
+    }
+    check_law(law_of([&](double u) { return specdec::detail::sparse_draw(p, u, 0); }, vocab),
+              p_dense);
+    double overlap = 0.0;
+    for (std::size_t j = 0; j < vocab; ++j) overlap += std::min(p_dense[j], q_dense[j]);
+    CHECK(specdec::detail::sparse_overlap(p, q) == Catch::Approx(overlap).epsilon(1e-12));
+    std::vector<T> scratch(p_ids.size());
+    for (const double lenience : {1.0, 0.5}) {
+      std::vector<double> residual(vocab);
+      double mass = 0.0;
+      for (std::size_t j = 0; j < vocab; ++j) {
+        residual[j] = std::max(
+            0.0, static_cast<double>(static_cast<T>(
+                     p_dense[j] -
+                     static_cast<double>(static_cast<T>(lenience) * static_cast<T>(q_dense[j])))));
+        mass += residual[j];
+      }
+      if (!(mass > 0.0)) continue;
+      bool fallback = false;
+      double drawn_mass = 0.0;
+      check_law(law_of(
+                    [&](double u) {
+                      const auto draw = specdec::detail::sparse_residual_draw(
+                          p, q, static_cast<T>(lenience), u, scratch.data());
+                      fallback = fallback || draw.fallback;
+                      drawn_mass = draw.mass;
+                      return draw.token;
+                    },
+                    vocab),
+                residual);
+      CHECK_FALSE(fallback);
+      CHECK(drawn_mass == Catch::Approx(mass).epsilon(1e-6));
+    }
+    // One-hot residual: p without the drafted token x (a survivor, or not).
+    const std::size_t x = specdec::uniform_below(g, vocab);
+    std::vector<double> without = p_dense;
+    without[x] = 0.0;
+    double without_mass = 0.0;
+    for (const double w : without) without_mass += w;
+    if (without_mass > 0.0) {
+      check_law(law_of(
+                    [&](double u) {
+                      return specdec::detail::sparse_residual_one_hot_draw(p, x, 1.0, u).token;
+                    },
+                    vocab),
+                without);
     }
   }
 }

@@ -312,6 +312,59 @@ TEMPLATE_TEST_CASE("Standardizer: combined settings match the full-sort referenc
   }
 }
 
+TEMPLATE_TEST_CASE("Standardizer: apply_sparse gives apply's non-zero entries bitwise",
+                   "[sampling]", float, double) {
+  // The decoder keeps top-k rows as their survivors: the ids in increasing order and the
+  // weights must be exactly the non-zero entries of the dense row, for every temperature
+  // (1, others, the T -> 0 limit), with top-p and min-p after top-k, ties and zero rows;
+  // the scratch row is read only where apply_sparse wrote (garbage elsewhere is harmless).
+  specdec::xoshiro256pp g(17);
+  for (int trial = 0; trial < 400; ++trial) {
+    const std::size_t size = 2 + specdec::uniform_below(g, 3000);
+    auto row = random_row<TestType>(size, 500 + static_cast<std::uint64_t>(trial), 0.3);
+    if (trial % 7 == 0) {  // ties: a few equal values
+      for (std::size_t j = 0; j < size; j += 3) row[j] = row[0];
+    }
+    if (trial % 50 == 1) std::fill(row.begin(), row.end(), TestType(0));
+    SamplingOptions options;
+    options.top_k =
+        1 + specdec::uniform_below(g, specdec::uniform_below(g, 2) == 0 ? size / 16 + 1 : size - 1);
+    const double temperatures[] = {1.0, 0.5, 1.7, 1e-300};
+    options.temperature = temperatures[specdec::uniform_below(g, 4)];
+    options.top_p =
+        specdec::uniform_below(g, 3) == 0 ? 1.0 : 0.05 + 0.95 * specdec::uniform01<double>(g);
+    options.min_p = specdec::uniform_below(g, 2) == 0 ? 0.0 : 0.3 * specdec::uniform01<double>(g);
+    INFO("trial " << trial << " V = " << size << " T = " << options.temperature << " top_k = "
+                  << options.top_k << " top_p = " << options.top_p << " min_p = " << options.min_p);
+    specdec::Standardizer<TestType> standardizer(options);
+    REQUIRE(standardizer.sparse_for(size));
+    std::vector<TestType> dense(size);
+    const double dense_top =
+        standardizer.apply(std::span<const TestType>(row), std::span<TestType>(dense));
+    std::vector<TestType> scratch(size, std::numeric_limits<TestType>::quiet_NaN());
+    std::vector<std::uint32_t> ids(options.top_k);
+    std::vector<TestType> weights(options.top_k);
+    double sparse_top = -1.0;
+    const std::size_t count =
+        standardizer.apply_sparse(std::span<const TestType>(row), std::span<TestType>(scratch),
+                                  ids.data(), weights.data(), sparse_top);
+    std::vector<std::uint32_t> expected_ids;
+    for (std::size_t j = 0; j < size; ++j) {
+      if (dense[j] > TestType(0)) expected_ids.push_back(static_cast<std::uint32_t>(j));
+    }
+    REQUIRE(count == expected_ids.size());
+    CHECK(std::vector<std::uint32_t>(
+              ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(count)) == expected_ids);
+    for (std::size_t k = 0; k < count; ++k) CHECK(weights[k] == dense[ids[k]]);
+    CHECK(sparse_top == dense_top);
+  }
+  // Rows with top_k >= V, or greedy, are not sparse.
+  CHECK_FALSE(specdec::Standardizer<TestType>(SamplingOptions{.top_k = 8}).sparse_for(8));
+  CHECK_FALSE(specdec::Standardizer<TestType>(SamplingOptions{.top_k = 0}).sparse_for(8));
+  CHECK_FALSE(specdec::Standardizer<TestType>(SamplingOptions{.temperature = 0.0, .top_k = 2})
+                  .sparse_for(8));
+}
+
 TEMPLATE_TEST_CASE("Standardizer: logits follow the same reference", "[sampling]", float, double) {
   specdec::xoshiro256pp g(12);
   for (int trial = 0; trial < 100; ++trial) {

@@ -1,8 +1,9 @@
 // Sequence-level exactness of SpeculativeDecoder (paper App. A.1 applied step after step):
 // the sequences it generates follow the target's own autoregressive law under the same
 // standardization, for Markov targets of order 1 and 2, V in {4, 16, 64}, gamma in
-// {1, 3, 6}, T = 1 and T = 0.7 with top-k and top-p on both sides, for LanguageModel drafts
-// and proposal-only drafters. Chi-square goodness of fit at a 1e-9 false-failure rate.
+// {1, 3, 6}, T = 1, T = 0.7 with top-k and top-p (sparse rows) and T = 0.8 with top-p and
+// min-p (dense rows) on both sides, for LanguageModel drafts and proposal-only drafters. Chi-square
+// goodness of fit at a 1e-9 false-failure rate.
 //
 // The statistic (tests/support/sequence_law.hpp): the full law of 4 tokens for V = 4, the
 // "rank profile" of 3 tokens (64 cells, exact probabilities by enumeration) for V = 16 and
@@ -63,8 +64,14 @@ TEST_CASE("SpeculativeDecoder exactness: LanguageModel drafts", "[speculative_de
       auto draft = make_markov_draft(target_model, ++seed);
       BatchedMarkovModel<double> batched(target_model);
       auto per_prefix = target_model;
-      for (const bool truncated : {false, true}) {
-        const SamplingOptions sampling = truncated ? truncated_sampling(vocab) : SamplingOptions{};
+      // T = 1 (dense rows, one fused pass per draft row), top-k + top-p at T = 0.7 (rows
+      // kept as their survivors) and top-p + min-p without top-k (dense standardized rows).
+      for (const int variant : {0, 1, 2}) {
+        const bool truncated = variant == 1;
+        const SamplingOptions sampling =
+            variant == 0   ? SamplingOptions{}
+            : variant == 1 ? truncated_sampling(vocab)
+                           : SamplingOptions{.temperature = 0.8, .top_p = 0.85, .min_p = 0.02};
         const std::size_t length = sequence_length_for(vocab);
         const SequenceLaw law(target_model, sampling, length);
         const std::size_t samples = samples_for(law);
@@ -74,7 +81,9 @@ TEST_CASE("SpeculativeDecoder exactness: LanguageModel drafts", "[speculative_de
           // alternate batched and per-prefix targets across configurations
           const bool use_batched = (gamma + order) % 2 == 0;
           INFO("V = " << vocab << ", order " << order << ", gamma " << gamma
-                      << (truncated ? ", T = 0.7 top-k top-p" : ", T = 1")
+                      << (variant == 2 ? ", T = 0.8 top-p min-p"
+                          : truncated  ? ", T = 0.7 top-k top-p"
+                                       : ", T = 1")
                       << (use_batched ? ", batched" : ", per prefix"));
           specdec::testing::ChiSquareResult result;
           if (use_batched) {
@@ -101,14 +110,17 @@ TEST_CASE("SpeculativeDecoder exactness: proposal-only drafters", "[speculative_
     GreedyChainDrafter<double> good(target_model);  // proposes the target's greedy path
     GreedyChainDrafter<double> poor(other, 2);      // at most 2 proposals, from another chain
     CountingUpDrafter unrelated{vocab};
-    for (const bool truncated : {false, true}) {
-      const SamplingOptions sampling = truncated ? truncated_sampling(vocab) : SamplingOptions{};
+    for (const int variant : {0, 1, 2}) {  // as above: T = 1, top-k (sparse), top-p (dense)
+      const SamplingOptions sampling =
+          variant == 0   ? SamplingOptions{}
+          : variant == 1 ? truncated_sampling(vocab)
+                         : SamplingOptions{.temperature = 0.8, .top_p = 0.85, .min_p = 0.02};
       const std::size_t length = sequence_length_for(vocab);
       const SequenceLaw law(target_model, sampling, length);
       const std::size_t samples = samples_for(law);
       const specdec::DecoderOptions options{.sampling = sampling,
                                             .gamma_policy = specdec::FixedGamma(3)};
-      INFO("V = " << vocab << (truncated ? ", T = 0.7 top-k top-p" : ", T = 1"));
+      INFO("V = " << vocab << ", variant " << variant);
       specdec::SpeculativeDecoder with_good(target, good, options);
       specdec::SpeculativeDecoder with_poor(target, poor, options);
       specdec::SpeculativeDecoder with_unrelated(target, unrelated, options);

@@ -40,6 +40,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <span>
 #include <type_traits>
@@ -102,7 +103,9 @@ struct SamplingOptions {
 /// Cost per row of V entries: T = 1 without truncation: ~4 streaming passes. T != 1: one
 /// vectorized log and exp per entry, except that with top-k they are computed for the k
 /// survivors only (the order is taken from the input, which temperature does not change).
-/// Top-k: one pass with a heap for k <= V/16, else nth_element. Top-p: one histogram pass
+/// Top-k: one pass with a heap for k <= V/16, else nth_element; apply_sparse (top-k rows
+/// kept as their survivors, as the decoder keeps them): one vectorized pass of block maxima,
+/// then only the blocks that can hold the top k are read again. Top-p: one histogram pass
 /// over the binary exponents of the weights, then a selection among the tokens of the
 /// buckets that can hold the nucleus (expected linear time).
 template <ProbabilityScalar T>
@@ -122,6 +125,11 @@ class Standardizer {
   /// Allocates the scratch space for rows of `vocab_size` entries now.
   void reserve(std::size_t vocab_size) {
     if (options_.top_k != 0 || options_.top_p < 1.0) index_.reserve(vocab_size);
+    if (sparse_for(vocab_size)) {
+      const std::size_t blocks = (vocab_size + select_block - 1) / select_block;
+      block_max_.reserve(blocks);
+      block_order_.reserve(blocks);
+    }
   }
 
   /// Writes the standardized `probabilities` into `out` (same size, not overlapping) and
@@ -179,6 +187,58 @@ class Standardizer {
           map(all) = (cmap(probabilities).template cast<T>() / top).log() * scale;
           detail::exponentiate_flushing(all.data(), all.size());
         });
+  }
+
+  /// Whether apply_sparse applies to rows of `vocab_size` entries: truncation by top-k
+  /// (0 < top_k < vocab_size) at T > 0, so that at most top_k tokens survive.
+  [[nodiscard]] bool sparse_for(std::size_t vocab_size) const noexcept {
+    return !options_.greedy() && options_.top_k != 0 && options_.top_k < vocab_size;
+  }
+
+  /// apply() for rows truncated by top-k (sparse_for(size) must hold), without writing the
+  /// row: writes the surviving tokens in increasing id order to `ids` and their standardized
+  /// probabilities to `weights` (room for top_k each) and returns their count. They are
+  /// exactly the non-zero entries apply() writes, bitwise. `scratch` has the row's size; it
+  /// is written and read at the candidates' positions only (no pass over it). A row without
+  /// a positive entry has no survivor (0). Sets `top_probability` as apply() returns it.
+  template <ProbabilityScalar U>
+  std::size_t apply_sparse(std::span<const U> probabilities, std::span<T> scratch,
+                           std::uint32_t* ids, T* weights, double& top_probability,
+                           detail::row_screen<U>* screen = nullptr) {
+    SPECDEC_ASSERT(sparse_for(probabilities.size()));
+    SPECDEC_ASSERT(scratch.size() == probabilities.size());
+    top_probability = 0.0;
+    // The row's only full pass; `screen` (validation) rides on it. Whatever the row holds,
+    // the selection below stays in range (NaN keys never become candidates).
+    const U maximum = block_maxima(probabilities, screen);
+    if (!(maximum > U(0))) return 0;
+    const double temperature = options_.temperature;
+    const bool use_min_p = options_.min_p > 0.0;
+    const sparse_output out{scratch, ids, weights, &top_probability};
+    if (temperature == 1.0) {
+      const auto min_key = static_cast<U>(options_.min_p * static_cast<double>(maximum));
+      return finish_sparse(
+          probabilities, out, U(0), min_key, use_min_p, static_cast<T>(maximum),
+          [probabilities](std::size_t j) { return static_cast<T>(probabilities[j]); });
+    }
+    const double inverse_temperature = 1.0 / temperature;
+    if (!(inverse_temperature <= static_cast<double>(std::numeric_limits<T>::max()))) {
+      return finish_sparse(probabilities, out, U(0), maximum, false, T(1),
+                           [probabilities, maximum](std::size_t j) {
+                             return probabilities[j] == maximum ? T(1) : T(0);
+                           });
+    }
+    const auto min_key =
+        static_cast<U>(static_cast<double>(maximum) * std::pow(options_.min_p, temperature));
+    const T scale =
+        std::max(static_cast<T>(inverse_temperature), std::numeric_limits<T>::denorm_min());
+    const auto top = static_cast<T>(maximum);
+    return finish_sparse(probabilities, out, U(0), min_key, use_min_p, T(1),
+                         [probabilities, top, scale](std::size_t j) {
+                           const T weight =
+                               std::exp(std::log(static_cast<T>(probabilities[j]) / top) * scale);
+                           return weight < std::numeric_limits<T>::min() ? T(0) : weight;
+                         });
   }
 
   /// Writes standardize(softmax(logits)) into `out` (same size, not overlapping): logits
@@ -274,8 +334,10 @@ class Standardizer {
     const std::size_t size = key.size();
     const std::size_t k = options_.top_k;
     if (k != 0 && k < size) {
-      // Top-k from the keys, weights only for the survivors.
+      // Top-k from the keys, weights only for the survivors (in increasing id order, so that
+      // every sum below has one order whichever selection found them: apply_sparse matches).
       select_top_k(key, floor, k);
+      std::sort(index_.begin(), index_.end());
       std::fill(out.begin(), out.end(), T(0));
       for (const std::uint32_t j : index_) out[j] = weight_of(j);
       auto kept = index_.end();
@@ -304,6 +366,143 @@ class Standardizer {
     if (!(total > 0.0)) return 0.0;
     map(out) *= static_cast<T>(1.0 / total);
     return static_cast<double>(top_weight) / total;
+  }
+
+  struct sparse_output {
+    std::span<T> scratch;
+    std::uint32_t* ids;
+    T* weights;
+    double* top_probability;
+  };
+
+  // finish()'s top-k branch with sparse output: the same survivors, weights and total, in
+  // the same order of operations, so the kept weights are bitwise those apply() writes.
+  template <class U, class WeightOf>
+  std::size_t finish_sparse(std::span<const U> key, const sparse_output& out, U floor, U min_key,
+                            bool use_min_p, T top_weight, WeightOf weight_of) {
+    const std::span<T> weight = out.scratch;
+    select_top_k_from_blocks(key, floor, options_.top_k);
+    std::sort(index_.begin(), index_.end());  // the order of finish()
+    for (const std::uint32_t j : index_) weight[j] = weight_of(j);
+    auto kept = index_.end();
+    if (options_.top_p < 1.0) {
+      double mass = 0.0;
+      for (const std::uint32_t j : index_) mass += static_cast<double>(weight[j]);
+      kept = nucleus_end(key, std::span<const T>(weight), index_.begin(), index_.end(),
+                         options_.top_p * mass)
+                 .first;
+    }
+    double total = 0.0;
+    for (auto it = index_.begin(); it != kept; ++it) {
+      if (use_min_p && key[*it] < min_key) weight[*it] = T(0);
+      total += static_cast<double>(weight[*it]);
+    }
+    if (!(total > 0.0)) return 0;
+    const auto scale = static_cast<T>(1.0 / total);
+    std::sort(index_.begin(), kept);  // nucleus_end reordered them
+    std::size_t count = 0;
+    for (auto it = index_.begin(); it != kept; ++it) {
+      const T value = weight[*it];
+      if (!(value > T(0))) continue;
+      out.ids[count] = *it;
+      out.weights[count] = value * scale;
+      ++count;
+    }
+    *out.top_probability = static_cast<double>(top_weight) / total;
+    return count;
+  }
+
+  // Entries per block of block_maxima.
+  static constexpr std::size_t select_block = 64;
+
+  // block_max_[b] = the largest key of block b (select_block entries); returns the largest
+  // key of the row. One vectorized pass (Eigen's packet maxima; with NaN keys, possible only
+  // in rows that were not validated, a block's maximum is unspecified but the selection
+  // stays in range).
+  template <class U>
+  U block_maxima(std::span<const U> key, detail::row_screen<U>* screen) {
+    const std::size_t size = key.size();
+    const std::size_t blocks = (size + select_block - 1) / select_block;
+    block_max_.resize(blocks);
+    using block_map = Eigen::Map<const Eigen::Array<U, select_block, 1>, Eigen::Unaligned>;
+    U best = -std::numeric_limits<U>::infinity();
+    const std::size_t full = size / select_block;
+    const auto keep = [&](std::size_t b, U block) {
+      // A NaN maximum (possible only in rows that were not validated) ranks last.
+      block_max_[b] =
+          block == block ? static_cast<double>(block) : -std::numeric_limits<double>::infinity();
+      best = best < block ? block : best;
+    };
+    if (screen == nullptr) {
+      for (std::size_t b = 0; b < full; ++b) {
+        keep(b, block_map(key.data() + b * select_block).maxCoeff());
+      }
+    } else {
+      // The screen takes 4 blocks at a time (its lanes widen to double once per call).
+      constexpr std::size_t group = 4;
+      std::size_t b = 0;
+      for (; b + group <= full; b += group) {
+        const U* first = key.data() + b * select_block;
+        for (std::size_t g = 0; g < group; ++g) {
+          keep(b + g, block_map(first + g * select_block).maxCoeff());
+        }
+        screen->add(first, group * select_block);
+      }
+      for (; b < full; ++b) {
+        const U* first = key.data() + b * select_block;
+        keep(b, block_map(first).maxCoeff());
+        screen->add(first, select_block);
+      }
+    }
+    if (full < blocks) {
+      const U* first = key.data() + full * select_block;
+      const std::size_t count = size - full * select_block;
+      keep(full, detail::max_entry(first, count));
+      if (screen != nullptr) screen->add(first, count);
+    }
+    return best;
+  }
+
+  // select_top_k for the key whose block maxima block_maxima() just computed: the k-th
+  // largest block maximum t is at most the k-th largest key (the k largest block maxima are
+  // k distinct entries), so every token of the top k has key >= t and lies in a block whose
+  // maximum is >= t. Only those blocks are read again (about k blocks for a peaked row).
+  template <class U>
+  void select_top_k_from_blocks(std::span<const U> key, U floor, std::size_t k) {
+    const std::size_t blocks = block_max_.size();
+    if (blocks < k) {
+      select_top_k(key, floor, k);
+      return;
+    }
+    // The k-th largest block maximum: a min-heap of the k largest so far (after it fills,
+    // most blocks cost one compare against its top).
+    block_order_.assign(block_max_.begin(), block_max_.begin() + static_cast<std::ptrdiff_t>(k));
+    std::make_heap(block_order_.begin(), block_order_.end(), std::greater<>());
+    for (std::size_t b = k; b < blocks; ++b) {
+      if (block_max_[b] > block_order_.front()) {
+        std::pop_heap(block_order_.begin(), block_order_.end(), std::greater<>());
+        block_order_.back() = block_max_[b];
+        std::push_heap(block_order_.begin(), block_order_.end(), std::greater<>());
+      }
+    }
+    const double threshold = block_order_.front();
+    index_.clear();
+    const std::size_t size = key.size();
+    for (std::size_t b = 0; b < blocks; ++b) {
+      if (!(block_max_[b] >= threshold)) continue;
+      const std::size_t last = std::min(size, (b + 1) * select_block);
+      for (std::size_t j = b * select_block; j < last; ++j) {
+        if (static_cast<double>(key[j]) >= threshold && key[j] > floor) {
+          index_.push_back(static_cast<std::uint32_t>(j));
+        }
+      }
+    }
+    if (index_.size() > k) {
+      const detail::more_probable_first<U> before{key.data()};
+      std::nth_element(index_.begin(), index_.begin() + static_cast<std::ptrdiff_t>(k),
+                       index_.end(), before);
+      index_.resize(k);
+    }
   }
 
   // index_ = the ids of the k largest keys above floor (unordered; fewer if fewer exist).
@@ -445,6 +644,8 @@ class Standardizer {
 
   SamplingOptions options_;
   std::vector<std::uint32_t> index_;
+  std::vector<double> block_max_;    // apply_sparse: maxima of blocks of select_block keys
+  std::vector<double> block_order_;  // their selection
 };
 
 /// Convenience: the standardized copy of one row (allocates; use a Standardizer in loops).

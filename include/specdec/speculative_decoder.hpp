@@ -34,9 +34,11 @@
 // maximum if the gamma policy reads it, and the sampling table, fused); its normaliser is
 // kept as a scalar rather than rescaling the row. Verification then reads target rows whole
 // only where it must (the draw of the final token; beta and validation of accepted rows),
-// each in one pass. The workspace is sized at construction for the policy's first gamma and
-// grows only if a later gamma is larger: a steady-state step allocates nothing (tested with
-// a counting allocator).
+// each in one pass. With top-k truncation every row is kept as its survivors
+// (Standardizer::apply_sparse: one pass of block maxima with validation fused into it), and
+// verification, beta and the draws run over at most top_k entries per row. The workspace is
+// sized at construction for the policy's first gamma and grows only if a later gamma is
+// larger: a steady-state step allocates nothing (tested with a counting allocator).
 //
 // Stateful (KV-cache) models receive the whole context on every call; CachedContext
 // (cached_context.hpp) turns it into truncate/append calls.
@@ -72,6 +74,7 @@
 #include "specdec/config.hpp"
 #include "specdec/detail/decoder_kernels.hpp"
 #include "specdec/detail/row_kernels.hpp"
+#include "specdec/detail/sparse_rows.hpp"
 #include "specdec/draft_tree.hpp"
 #include "specdec/error.hpp"
 #include "specdec/gamma_policy.hpp"
@@ -637,11 +640,25 @@ class SpeculativeDecoder {
   void grow_workspace(std::size_t gamma) {
     if (gamma <= workspace_gamma_ && !step_tokens_.empty()) return;
     gamma = std::max(gamma, workspace_gamma_);
-    if (needs_draft_rows()) {
-      draft_rows_.resize(gamma * vocab_size_);
-      draft_scales_.resize(gamma);
+    if (sparse_mode()) {  // survivors only, and one scratch row for their selection
+      const std::size_t width = sparse_width();
+      if (needs_draft_rows()) {
+        draft_ids_.resize(gamma * width);
+        draft_weights_.resize(gamma * width);
+        draft_counts_.resize(gamma);
+      }
+      target_ids_.resize((gamma + 1) * width);
+      target_weights_.resize((gamma + 1) * width);
+      target_counts_.resize(gamma + 1);
+      sparse_scratch_.resize(width);
+      sparse_scratch_row_.resize(vocab_size_);
+    } else {
+      if (needs_draft_rows()) {
+        draft_rows_.resize(gamma * vocab_size_);
+        draft_scales_.resize(gamma);
+      }
+      if (needs_target_rows()) target_rows_.resize((gamma + 1) * vocab_size_);
     }
-    if (needs_target_rows()) target_rows_.resize((gamma + 1) * vocab_size_);
     step_tokens_.resize(gamma + 1);
     step_sources_.resize(gamma + 1);
     statistics_.accepted_histogram.reserve(gamma + 1);
@@ -958,6 +975,12 @@ class SpeculativeDecoder {
             drafted = argmax(row);
           }
           top_probability = static_cast<double>(row[static_cast<std::size_t>(drafted)]);
+        } else if (sparse_mode()) {
+          const std::size_t count = load_sparse(row, true, i, top_probability);
+          const double u = uniform01<double>(g);
+          // No survivor (a row without positive mass, only without validation): its argmax.
+          drafted = static_cast<token_id>(count == 0 ? detail::row_argmax(row.data(), row.size())
+                                                     : detail::sparse_draw(sparse_draft(i), u, 0));
         } else {
           check_row(row, "draft", i);
           const std::span<value_type> q = draft_row(i);
@@ -1092,8 +1115,12 @@ class SpeculativeDecoder {
       }
       for (std::size_t i = 0; i <= drafted; ++i) {
         const std::span<const scored_scalar> row(rows.row(i));
-        check_row(row, "target", i);
+        if (!sparse_mode()) check_row(row, "target", i);  // sparse: inside the selection pass
         load_target_row(row, i);
+      }
+      if (sparse_mode()) {
+        verify_sparse(g, result);
+        return;
       }
     } else {
       for (std::size_t i = 0; i <= drafted; ++i) {
@@ -1103,8 +1130,12 @@ class SpeculativeDecoder {
         });
         ++result.target_calls;
         const auto row = as_span(returned);
-        check_row(row, "target", i);
+        if (!sparse_mode()) check_row(row, "target", i);
         load_target_row(row, i);
+      }
+      if (sparse_mode()) {
+        verify_sparse(g, result);
+        return;
       }
     }
     verify(g, result, RowsView<const value_type>(target_rows_.data(), drafted + 1, vocab_size_),
@@ -1114,6 +1145,11 @@ class SpeculativeDecoder {
   // Copies (greedy, identity) or standardizes a target row into the workspace.
   template <class U>
   void load_target_row(std::span<const U> row, std::size_t i) {
+    if (sparse_mode()) {
+      double unused = 0.0;
+      (void)load_sparse(row, false, i, unused);
+      return;
+    }
     const std::span<value_type> destination = target_row(i);
     if (options_.sampling.greedy() || options_.sampling.identity()) {
       std::transform(row.begin(), row.end(), destination.begin(),
@@ -1251,6 +1287,102 @@ class SpeculativeDecoder {
         static_cast<value_type>(draft_scales_[i]), vocab_size_, unused);
   }
 
+  // --- sparse rows (top-k truncation) ------------------------------------------------------
+
+  // Rows truncated by top-k are kept as their survivors (Standardizer::apply_sparse): a
+  // step reads each model row once (validation, then the selection), and verification,
+  // beta and the draws run over at most top_k entries per row.
+  [[nodiscard]] bool sparse_mode() const noexcept {
+    return standardizer_.sparse_for(vocab_size_) && !tree_mode();
+  }
+  [[nodiscard]] std::size_t sparse_width() const noexcept { return options_.sampling.top_k; }
+  [[nodiscard]] detail::sparse_row<value_type> sparse_draft(std::size_t i) const noexcept {
+    return {draft_ids_.data() + i * sparse_width(), draft_weights_.data() + i * sparse_width(),
+            draft_counts_[i]};
+  }
+  [[nodiscard]] detail::sparse_row<value_type> sparse_target(std::size_t i) const noexcept {
+    return {target_ids_.data() + i * sparse_width(), target_weights_.data() + i * sparse_width(),
+            target_counts_[i]};
+  }
+
+  // Standardizes a model row into sparse slot i of the draft or target side.
+  // Size check, then the selection pass, with validation (validate_rows) fused into it.
+  template <class U>
+  std::size_t load_sparse(std::span<const U> row, bool draft_side, std::size_t i,
+                          double& top_probability) {
+    const std::string_view model = draft_side ? "draft" : "target";
+    check_size(row, model, i);
+    const std::size_t width = sparse_width();
+    std::uint32_t* ids = (draft_side ? draft_ids_ : target_ids_).data() + i * width;
+    value_type* weights = (draft_side ? draft_weights_ : target_weights_).data() + i * width;
+    detail::row_screen<U> screen;
+    const std::size_t count =
+        standardizer_.apply_sparse(row, std::span<value_type>(sparse_scratch_row_), ids, weights,
+                                   top_probability, options_.validate_rows ? &screen : nullptr);
+    if (options_.validate_rows) check_screen(screen, row, model, i);
+    (draft_side ? draft_counts_ : target_counts_)[i] = count;
+    return count;
+  }
+
+  // verify() over sparse rows: the same decisions (detail::accept_drafts_with and
+  // accept_proposals_with read two survivors' weights per position), then the residual or
+  // bonus draw and beta over survivors.
+  template <class G>
+  void verify_sparse(G& g, StepResult& result) {
+    const std::size_t drafted = result.drafted;
+    const std::span<const token_id> drafts(sequence_.data() + base_length_, drafted);
+    result.nodes_scored = drafted;
+    const double lenience = options_.lenience;
+    const auto p_at = [this](std::size_t i, std::size_t x) {
+      return static_cast<double>(sparse_target(i).at(x));
+    };
+    std::size_t n = 0;
+    if constexpr (draft_is_model) {
+      n = detail::accept_drafts_with(
+          drafts, p_at,
+          [this](std::size_t i, std::size_t x) {
+            return static_cast<double>(sparse_draft(i).at(x));
+          },
+          g, lenience);
+    } else {
+      n = detail::accept_proposals_with(drafts, p_at, g, lenience);
+    }
+    const bool beta = options_.collect_beta;
+    double beta_sum = 0.0;
+    const auto beta_at = [&](std::size_t i) {
+      if constexpr (draft_is_model) {
+        return detail::sparse_overlap(sparse_target(i), sparse_draft(i));
+      } else {
+        return p_at(i, static_cast<std::size_t>(drafts[i]));
+      }
+    };
+    if (beta) {
+      for (std::size_t i = 0; i < n; ++i) beta_sum += beta_at(i);
+    }
+    const double u = uniform01<double>(g);
+    if (n < drafted) {
+      detail::sparse_residual_outcome draw{};
+      if constexpr (draft_is_model) {
+        draw = detail::sparse_residual_draw(sparse_target(n), sparse_draft(n),
+                                            static_cast<value_type>(lenience), u,
+                                            sparse_scratch_.data());
+      } else {
+        draw = detail::sparse_residual_one_hot_draw(
+            sparse_target(n), static_cast<std::size_t>(drafts[n]), lenience, u);
+      }
+      if (beta) beta_sum += beta_at(n);
+      record_verdict(result, n, static_cast<token_id>(draw.token), token_source::correction,
+                     draw.fallback);
+    } else {
+      const auto token = static_cast<token_id>(detail::sparse_draw(sparse_target(n), u, 0));
+      record_verdict(result, n, token, token_source::bonus, false);
+    }
+    if (beta) {
+      result.beta_positions = std::min(n + 1, drafted);
+      result.beta_sum = beta_sum;
+    }
+  }
+
   // Emits x_1..x_n, t into sequence_ (replacing the drafts) and step_tokens_, cut after a
   // stop condition; sets result.tokens, result.sources and result.stop.
   void emit(StepResult& result, std::size_t max_tokens, std::size_t stop_floor) {
@@ -1300,10 +1432,19 @@ class SpeculativeDecoder {
   std::size_t vocab_size_;
   Standardizer<value_type> standardizer_;
   std::vector<std::uint8_t> stop_lookup_;
-  std::vector<value_type> draft_rows_;   // q_1..q_gamma up to a factor (draft_scales_)
-  std::vector<double> draft_scales_;     // q_i = draft_scales_[i] * draft row i
-  std::vector<value_type> target_rows_;  // p_1..p_{gamma+1} when not used in place
-  std::vector<token_id> sequence_;       // context, then drafts / emitted tokens
+  std::vector<value_type> draft_rows_;  // q_1..q_gamma up to a factor (draft_scales_)
+  std::vector<double> draft_scales_;    // q_i = draft_scales_[i] * draft row i
+  // Sparse mode (top-k truncation): the survivors of each row, top_k slots per row.
+  std::vector<std::uint32_t> draft_ids_;
+  std::vector<value_type> draft_weights_;
+  std::vector<std::size_t> draft_counts_;
+  std::vector<std::uint32_t> target_ids_;
+  std::vector<value_type> target_weights_;
+  std::vector<std::size_t> target_counts_;
+  std::vector<value_type> sparse_scratch_;      // top_k residual weights
+  std::vector<value_type> sparse_scratch_row_;  // V entries: apply_sparse's scratch
+  std::vector<value_type> target_rows_;         // p_1..p_{gamma+1} when not used in place
+  std::vector<token_id> sequence_;              // context, then drafts / emitted tokens
   std::vector<token_id> step_tokens_;
   std::vector<token_source> step_sources_;
   TreeOptions tree_options_{};                    // tree steps only

@@ -64,20 +64,18 @@ struct unit_scales {
 };
 
 /// Algorithm 1's decisions: examines x_1, x_2, ... with one uniform each and returns n,
-/// the number accepted before the first rejection (gamma if none). q_i(x) is
-/// draft_rows(i, x) * scales[i] (the decoder keeps its draft rows unnormalised and their
-/// normalisers as scalars). Reads two entries per examined position.
-template <class T, class G, class Scales>
-[[nodiscard]] std::size_t accept_drafts(std::span<const token_id> draft_tokens,
-                                        RowsView<const T> draft_rows, const Scales& scales,
-                                        RowsView<const T> target_rows, G& g, double lenience) {
+/// the number accepted before the first rejection (gamma if none). p_at(i, x) and
+/// q_at(i, x) give p_i(x) and q_i(x) (dense rows, survivors of truncated rows, rows kept
+/// unnormalised with a scalar normaliser). Reads two entries per examined position.
+template <class G, class TargetAt, class DraftAt>
+[[nodiscard]] std::size_t accept_drafts_with(std::span<const token_id> draft_tokens,
+                                             TargetAt&& p_at, DraftAt&& q_at, G& g,
+                                             double lenience) {
   const std::size_t gamma = draft_tokens.size();
   for (std::size_t i = 0; i < gamma; ++i) {
-    const token_id drafted = draft_tokens[i];
-    SPECDEC_ASSERT(drafted >= 0 && static_cast<std::size_t>(drafted) < target_rows.cols());
-    const auto x = static_cast<std::size_t>(drafted);
-    const auto p = static_cast<double>(target_rows(i, x));
-    const double q = static_cast<double>(draft_rows(i, x)) * scales[i];
+    const auto x = static_cast<std::size_t>(draft_tokens[i]);
+    const double p = p_at(i, x);
+    const double q = q_at(i, x);
     SPECDEC_ASSERT(p >= 0.0 && q >= 0.0);
     const double u = uniform01<double>(g);
     if (!(u * (lenience * q) < p)) return i;  // reject x_{i+1}
@@ -86,19 +84,48 @@ template <class T, class G, class Scales>
 }
 
 /// The decisions for one-hot drafts: x_i is accepted iff u * l < p_i(x_i).
-template <class T, class G>
-[[nodiscard]] std::size_t accept_proposals(std::span<const token_id> draft_tokens,
-                                           RowsView<const T> target_rows, G& g, double lenience) {
+template <class G, class TargetAt>
+[[nodiscard]] std::size_t accept_proposals_with(std::span<const token_id> draft_tokens,
+                                                TargetAt&& p_at, G& g, double lenience) {
   const std::size_t gamma = draft_tokens.size();
   for (std::size_t i = 0; i < gamma; ++i) {
-    const token_id drafted = draft_tokens[i];
-    SPECDEC_ASSERT(drafted >= 0 && static_cast<std::size_t>(drafted) < target_rows.cols());
-    const auto p = static_cast<double>(target_rows(i, static_cast<std::size_t>(drafted)));
+    const double p = p_at(i, static_cast<std::size_t>(draft_tokens[i]));
     SPECDEC_ASSERT(p >= 0.0);
     const double u = uniform01<double>(g);
     if (!(u * lenience < p)) return i;
   }
   return gamma;
+}
+
+/// accept_drafts_with over dense rows, q_i(x) = draft_rows(i, x) * scales[i] (the decoder
+/// keeps its draft rows at T = 1 unnormalised and their normalisers as scalars).
+template <class T, class G, class Scales>
+[[nodiscard]] std::size_t accept_drafts(std::span<const token_id> draft_tokens,
+                                        RowsView<const T> draft_rows, const Scales& scales,
+                                        RowsView<const T> target_rows, G& g, double lenience) {
+  return accept_drafts_with(
+      draft_tokens,
+      [&](std::size_t i, std::size_t x) {
+        SPECDEC_ASSERT(x < target_rows.cols());
+        return static_cast<double>(target_rows(i, x));
+      },
+      [&](std::size_t i, std::size_t x) {
+        return static_cast<double>(draft_rows(i, x)) * scales[i];
+      },
+      g, lenience);
+}
+
+/// accept_proposals_with over dense rows.
+template <class T, class G>
+[[nodiscard]] std::size_t accept_proposals(std::span<const token_id> draft_tokens,
+                                           RowsView<const T> target_rows, G& g, double lenience) {
+  return accept_proposals_with(
+      draft_tokens,
+      [&](std::size_t i, std::size_t x) {
+        SPECDEC_ASSERT(x < target_rows.cols());
+        return static_cast<double>(target_rows(i, x));
+      },
+      g, lenience);
 }
 
 /// The bonus token after accepting every draft: t ~ p_{gamma+1}.

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 namespace specdec::detail {
 
@@ -44,6 +45,82 @@ template <class T>
   for (; i < size; ++i) total += static_cast<double>(row[i]);
   return total;
 }
+
+/// Validation fused into a pass that reads a row anyway, in pieces that add no horizontal
+/// reduction per block (each block only updates lanes; lanes are combined once, at the end):
+///  - sign_screen: whether every entry seen is >= 0 (false for NaN and negative entries;
+///    -0.0 passes, as the full validator accepts it);
+///  - lane_sum: the sum of the entries seen, in T lanes within a block, widened into double
+///    lanes after each block (as accurate as sum_in_double: at most 16 terms per T lane).
+/// A row is plausible when the screen passed and the sum is finite and within the
+/// tolerance of 1 (NaN and infinite entries make the sum NaN or infinite); anything else
+/// goes to the full validator, which names the problem (or accepts the row).
+template <class T>
+struct sign_screen {
+  using mask = std::conditional_t<sizeof(T) == 8, std::int64_t, std::int32_t>;
+  std::array<mask, sampling_lanes> good;
+
+  sign_screen() noexcept { good.fill(mask{-1}); }
+
+  void add(const T* row, std::size_t count) noexcept {
+    const std::size_t full = count / sampling_lanes * sampling_lanes;
+    for (std::size_t j = 0; j < full; j += sampling_lanes) {
+      for (std::size_t k = 0; k < sampling_lanes; ++k) {
+        good[k] &= row[j + k] >= T(0) ? mask{-1} : mask{0};
+      }
+    }
+    for (std::size_t j = full; j < count; ++j) {
+      good[j - full] &= row[j] >= T(0) ? mask{-1} : mask{0};
+    }
+  }
+
+  [[nodiscard]] bool passed() const noexcept {
+    mask all = mask{-1};
+    for (const mask value : good) all &= value;
+    return all != 0;
+  }
+};
+
+template <class T>
+struct lane_sum {
+  std::array<double, sampling_lanes> lanes{};
+
+  void add(const T* row, std::size_t count) noexcept {
+    std::array<T, sampling_lanes> block{};
+    const std::size_t full = count / sampling_lanes * sampling_lanes;
+    for (std::size_t j = 0; j < full; j += sampling_lanes) {
+      for (std::size_t k = 0; k < sampling_lanes; ++k) block[k] += row[j + k];
+    }
+    for (std::size_t j = full; j < count; ++j) block[j - full] += row[j];
+    for (std::size_t k = 0; k < sampling_lanes; ++k) lanes[k] += static_cast<double>(block[k]);
+  }
+
+  [[nodiscard]] double value() const noexcept { return reduce_sampling_lanes(lanes); }
+};
+
+/// Whether a row whose entries passed (or failed) a sign_screen and sum to `total` is
+/// plausible (see sign_screen), with a margin on the tolerance for summation order.
+[[nodiscard]] inline bool plausible_total(bool screen_passed, double total,
+                                          double tolerance) noexcept {
+  const double deviation = total > 1.0 ? total - 1.0 : 1.0 - total;  // NaN stays NaN
+  return screen_passed && deviation <= tolerance * (1.0 - 1e-6);
+}
+
+/// A sign_screen and a lane_sum together: the screen of a row no other sum covers.
+template <class T>
+struct row_screen {
+  sign_screen<T> signs;
+  lane_sum<T> sum;
+
+  void add(const T* row, std::size_t count) noexcept {
+    signs.add(row, count);
+    sum.add(row, count);
+  }
+  [[nodiscard]] double total() const noexcept { return sum.value(); }
+  [[nodiscard]] bool plausible(double tolerance) const noexcept {
+    return plausible_total(signs.passed(), total(), tolerance);
+  }
+};
 
 /// Largest entry of a non-empty row (Eigen's vectorized reduction; with NaN entries the
 /// result is unspecified, callers validate rows or propagate NaN otherwise).
