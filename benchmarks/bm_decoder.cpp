@@ -5,8 +5,9 @@
 // Each iteration times, interleaved and in a rotating order (baseline.hpp), on thread CPU
 // time: one decoder.step() on a fixed context; the pure read of the 2 gamma + 1 rows the
 // step is given (an integer OR over their bits: the floor for any code that looks at every
-// row once); and, for T = 1 and greedy, the fair peer's step (peer.hpp: gamma draws from the
-// draft rows, then Algorithm 1 as vLLM and Hugging Face structure it, no checks). The rows
+// row once); and the fair peer's step (peer.hpp: gamma draws from the draft rows, then
+// Algorithm 1 as vLLM and Hugging Face structure it, no checks; truncated mode: every row
+// first truncated into a dense row as they do it). The rows
 // are either in cache or evicted to DRAM before each timed call. The time reported is the
 // decoder step's median. Counters:
 //   tokens_per_step  emitted tokens per step
@@ -31,6 +32,7 @@
 #include <memory>
 #include <new>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "baseline.hpp"
@@ -47,17 +49,18 @@ namespace {
 using specdec::token_id;
 
 constexpr std::size_t gamma = 4;
-constexpr std::size_t distinct_rows = 8;  // positions cycle through this many row pairs
 
-// Target rows p and draft rows q for `distinct_rows` positions, each stored twice in a
-// row so that gamma + 1 consecutive positions are one contiguous block. p is a softmax of
-// Gaussian logits; q perturbs the logits so that sum min(p, q) is about 0.8.
+// Target rows p and draft rows q for `distinct` positions (8, or gamma for BM_DecoderScaling),
+// each stored twice in a row so that gamma + 1 consecutive positions are one contiguous block. p is
+// a softmax of Gaussian logits; q perturbs the logits so that sum min(p, q) is about 0.8.
 struct RowBank {
   std::size_t vocab = 0;
-  std::vector<float> target;  // 2 * distinct_rows rows
+  std::size_t distinct_rows = 8;  // positions cycle through this many row pairs
+  std::vector<float> target;      // 2 * distinct_rows rows
   std::vector<float> draft;
 
-  explicit RowBank(std::size_t vocab_size) : vocab(vocab_size) {
+  explicit RowBank(std::size_t vocab_size, std::size_t distinct = 8)
+      : vocab(vocab_size), distinct_rows(distinct) {
     target.resize(2 * distinct_rows * vocab);
     draft.resize(2 * distinct_rows * vocab);
     specdec::xoshiro256pp g(vocab);
@@ -108,10 +111,10 @@ struct RowBank {
   }
 };
 
-const RowBank& bank(std::size_t vocab) {
-  static std::map<std::size_t, std::unique_ptr<RowBank>> banks;
-  auto& slot = banks[vocab];
-  if (!slot) slot = std::make_unique<RowBank>(vocab);
+const RowBank& bank(std::size_t vocab, std::size_t distinct = 8) {
+  static std::map<std::pair<std::size_t, std::size_t>, std::unique_ptr<RowBank>> banks;
+  auto& slot = banks[{vocab, distinct}];
+  if (!slot) slot = std::make_unique<RowBank>(vocab, distinct);
   return *slot;
 }
 
@@ -140,21 +143,38 @@ enum class mode { identity, truncated, greedy };
 
 // The peer's step over the same rows: gamma draft tokens drawn from (or, greedy, the
 // argmax of) q rows, then its Algorithm 1. Returns the emitted token count.
+// With truncation (the truncated mode), every row is first truncated into a dense buffer
+// (peer::Truncation), as vLLM and Hugging Face do before their rejection samplers.
 struct PeerStep {
   const RowBank* rows;
   specdec::peer::Algorithm1 algorithm;
   std::vector<token_id> drafts;
+  std::unique_ptr<specdec::peer::Truncation> truncation{};
+  std::vector<float> q_dense{};
+  std::vector<float> p_dense{};
   std::size_t operator()(std::size_t position, bool greedy, specdec::xoshiro256pp& g) {
     drafts.clear();
     const std::size_t vocab = rows->vocab;
     for (std::size_t i = 0; i < gamma; ++i) {
       const float* q = rows->row(rows->draft, position + i).data();
+      if (truncation) {
+        truncation->apply(q, q_dense.data() + i * vocab);
+        q = q_dense.data() + i * vocab;
+      }
       drafts.push_back(greedy ? static_cast<token_id>(std::max_element(q, q + vocab) - q)
                               : algorithm.draw(q, g));
     }
-    const specdec::RowsView<const float> p(rows->row(rows->target, position).data(), gamma + 1,
-                                           vocab);
-    const specdec::RowsView<const float> q(rows->row(rows->draft, position).data(), gamma, vocab);
+    const float* p_rows = rows->row(rows->target, position).data();
+    const float* q_rows = rows->row(rows->draft, position).data();
+    if (truncation) {
+      for (std::size_t i = 0; i <= gamma; ++i) {
+        truncation->apply(p_rows + i * vocab, p_dense.data() + i * vocab);
+      }
+      p_rows = p_dense.data();
+      q_rows = q_dense.data();
+    }
+    const specdec::RowsView<const float> p(p_rows, gamma + 1, vocab);
+    const specdec::RowsView<const float> q(q_rows, gamma, vocab);
     const auto verdict =
         greedy ? algorithm.verify_greedy(drafts, p) : algorithm.verify(drafts, q, p, g);
     return verdict.accepted + 1;
@@ -184,7 +204,12 @@ void BM_DecoderStep(benchmark::State& state) {
   specdec::xoshiro256pp peer_g(7);
   PeerStep peer{&rows, specdec::peer::Algorithm1(vocab), {}};
   peer.drafts.reserve(gamma);
-  const bool has_peer = sampling_mode != mode::truncated;
+  if (sampling_mode == mode::truncated) {
+    peer.truncation = std::make_unique<specdec::peer::Truncation>(
+        vocab, options.sampling.temperature, options.sampling.top_k, options.sampling.top_p);
+    peer.q_dense.resize(gamma * vocab);
+    peer.p_dense.resize((gamma + 1) * vocab);
+  }
   (void)decoder.step(context, g);  // warm up the workspace
 
   // The rows the step is given: gamma draft rows, the target's gamma + 1.
@@ -211,14 +236,12 @@ void BM_DecoderStep(benchmark::State& state) {
     ++peer_steps;
   };
   specdec::testing::AllocationCounter counter;
-  (void)bl::interleave(state, where, 1, step, read, peer_step, has_peer);
+  (void)bl::interleave(state, where, 1, step, read, peer_step, true);
   (void)counter.stop();
   const auto step_count = static_cast<double>(steps);
   state.counters["tokens_per_step"] = static_cast<double>(tokens) / step_count;
-  if (has_peer) {
-    state.counters["peer_tokens_per_step"] =
-        static_cast<double>(peer_tokens) / static_cast<double>(peer_steps);
-  }
+  state.counters["peer_tokens_per_step"] =
+      static_cast<double>(peer_tokens) / static_cast<double>(peer_steps);
   state.counters["allocs_per_step"] = static_cast<double>(allocations) / step_count;
   state.counters["acceptance"] = decoder.statistics().acceptance_rate();
 }
@@ -241,5 +264,47 @@ void decoder_arguments(benchmark::internal::Benchmark* benchmark) {
 
 BENCHMARK(BM_DecoderStep)->Apply(decoder_arguments<0>);
 BENCHMARK(BM_DecoderStep)->Apply(decoder_arguments<1>);
+
+// How the step's cost per entry scales with V and gamma (T = 1, checks on, rows in cache,
+// the same context every step): ns_per_entry = step time / ((2 gamma + 1) V), and vs_read
+// as above. Flat ns_per_entry means the workspace does not fall out of cache before the
+// rows do.
+void BM_DecoderScaling(benchmark::State& state) {
+  namespace bl = specdec::baseline;
+  const auto vocab = static_cast<std::size_t>(state.range(0));
+  const auto draft_length = static_cast<std::size_t>(state.range(1));
+  const RowBank& rows = bank(vocab, std::max<std::size_t>(8, draft_length));
+  PrecomputedTarget target{&rows};
+  PrecomputedDraft draft{&rows};
+  specdec::DecoderOptions options;
+  options.gamma_policy = specdec::FixedGamma(draft_length);
+  specdec::SpeculativeDecoder decoder(target, draft, options);
+  const std::vector<token_id> context(128, 1);
+  decoder.reserve(context.size());
+  specdec::xoshiro256pp g(7);
+  (void)decoder.step(context, g);
+  std::vector<std::span<const float>> given;
+  for (std::size_t i = 0; i < draft_length; ++i) {
+    given.push_back(rows.row(rows.draft, context.size() + i));
+  }
+  given.emplace_back(rows.row(rows.target, context.size()).data(), (draft_length + 1) * vocab);
+  std::size_t tokens = 0;
+  std::size_t steps = 0;
+  const auto step = [&] {
+    tokens += decoder.step(context, g).tokens.size();
+    ++steps;
+  };
+  const auto read = [&] { benchmark::DoNotOptimize(bl::read_rows(given)); };
+  const auto medians = bl::interleave(
+      state, bl::residence::cache, 1, step, read, [] {}, false);
+  state.counters["ns_per_entry"] =
+      medians.step * 1e9 / static_cast<double>((2 * draft_length + 1) * vocab);
+  state.counters["tokens_per_step"] = static_cast<double>(tokens) / static_cast<double>(steps);
+}
+BENCHMARK(BM_DecoderScaling)
+    ->ArgNames({"V", "gamma"})
+    ->ArgsProduct({{32000, 128000, 256000}, {4, 16}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 }  // namespace

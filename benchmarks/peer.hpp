@@ -12,13 +12,20 @@
 //           equals the draft; the argmax of the first mismatching row (or of p_{gamma+1})
 //           is the token.
 //   draft:  sampling x_i from a draft row: its block masses, then one inverse-CDF draw.
+//   truncation (Truncation): top-k, temperature and top-p applied to every row before the
+//           steps above, the way llama.cpp, vLLM and Hugging Face apply them: the k largest
+//           entries in order over the whole row (std::partial_sort over the ids: a heap of
+//           k, as llama.cpp's top-k), tempered weights for them, top-p over the sorted k,
+//           and a dense row written (zeros elsewhere) for the dense Algorithm 1.
 //
-// Rows are trusted: no validation, no statistics, no standardisation (T = 1 only).
+// Rows are trusted: no validation, no statistics.
 #pragma once
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <vector>
 
@@ -125,6 +132,46 @@ class Algorithm1 {
   std::size_t vocab_;
   std::vector<float> residual_;
   std::vector<float> masses_;
+};
+
+/// Top-k, temperature, then top-p over a probability row, written densely (see the top).
+class Truncation {
+ public:
+  Truncation(std::size_t vocab_size, double temperature, std::size_t top_k, double top_p)
+      : vocab_(vocab_size),
+        inverse_temperature_(static_cast<float>(1.0 / temperature)),
+        top_k_(std::min({top_k, vocab_size, std::size_t{1024}})),
+        top_p_(top_p),
+        ids_(vocab_size) {}
+
+  void apply(const float* in, float* out) {
+    for (std::size_t j = 0; j < vocab_; ++j) ids_[j] = static_cast<std::uint32_t>(j);
+    const auto more = [in](std::uint32_t a, std::uint32_t b) {
+      return in[a] > in[b] || (in[a] == in[b] && a < b);
+    };
+    // The k best in order over the whole row, as llama.cpp's top-k does (a heap of k).
+    std::partial_sort(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(top_k_),
+                      ids_.end(), more);
+    const float top = in[ids_[0]];
+    float total = 0.0F;
+    for (std::size_t k = 0; k < top_k_; ++k) {
+      weights_[k] = std::exp(std::log(in[ids_[k]] / top) * inverse_temperature_);
+      total += weights_[k];
+    }
+    std::size_t kept = 0;
+    float mass = 0.0F;
+    while (kept < top_k_ && mass < static_cast<float>(top_p_) * total) mass += weights_[kept++];
+    std::fill(out, out + vocab_, 0.0F);
+    for (std::size_t k = 0; k < kept; ++k) out[ids_[k]] = weights_[k] / mass;
+  }
+
+ private:
+  std::size_t vocab_;
+  float inverse_temperature_;
+  std::size_t top_k_;
+  double top_p_;
+  std::vector<std::uint32_t> ids_;
+  std::array<float, 1024> weights_{};  // top_k <= 1024
 };
 
 }  // namespace specdec::peer
