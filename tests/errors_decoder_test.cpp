@@ -656,6 +656,52 @@ TEMPLATE_TEST_CASE("D13-D15 top-k: rows kept as survivors are validated in the s
   }
 }
 
+TEST_CASE("D15 generate: a float row off 1 by just over the tolerance is rejected on every path",
+          "[errors][speculative_decoder]") {
+  // These 16 floats sum to 1.00100001 (in double), just over 1 + 1e-3, but a float sum can
+  // round to 1.00099993: the screens fused into the passes must leave such a row to the
+  // full validator rather than accept it (found by fuzz_decoder). Draft rows at T = 1 (the
+  // fused copy), target rows used in place, and top-k rows.
+  const std::vector<float> row{0.0916475207F,  0.0625133067F,   0.0673373789F,  0.000124599988F,
+                               0.190588057F,   0.000334512093F, 0.00317792245F, 0.366811424F,
+                               0.0551080555F,  7.84827353e-05F, 0.00275950041F, 0.112128817F,
+                               0.00293888152F, 0.0355510041F,   0.00548819406F, 0.00441235723F};
+  double total = 0.0;
+  for (const float x : row) total += static_cast<double>(x);
+  REQUIRE(total - 1.0 > 1e-3);
+  struct Fixed {
+    std::vector<float> row;
+    std::vector<float> block{};
+    [[nodiscard]] std::size_t vocab_size() const { return 16; }
+    std::span<const float> next_token_probabilities(std::span<const token_id>) { return row; }
+    specdec::RowsView<const float> score_draft(std::span<const token_id>,
+                                               std::span<const token_id> draft) {
+      block.clear();
+      for (std::size_t i = 0; i <= draft.size(); ++i)
+        block.insert(block.end(), row.begin(), row.end());
+      return {block.data(), draft.size() + 1, 16};
+    }
+  };
+  const std::vector<float> uniform(16, 1.0F / 16.0F);
+  for (const bool top_k : {false, true}) {
+    specdec::DecoderOptions options = fixed(2);
+    if (top_k) options.sampling = {.temperature = 0.9, .top_k = 4};
+    INFO((top_k ? "top-k" : "T = 1"));
+    Fixed bad_draft{row};
+    Fixed good_target{uniform};
+    specdec::SpeculativeDecoder draft_side(good_target, bad_draft, options);
+    check_error(
+        "D15", [&] { (void)draft_side.generate(prompt, 8, std::uint64_t{1}); },
+        errc::not_normalized, "draft row 0 (step 0, sequence position 2): entries sum to 1.001");
+    Fixed good_draft{uniform};
+    Fixed bad_target{row};
+    specdec::SpeculativeDecoder target_side(bad_target, good_draft, options);
+    check_error(
+        "D15", [&] { (void)target_side.generate(prompt, 8, std::uint64_t{1}); },
+        errc::not_normalized, "target row 0 (step 0, sequence position 2): entries sum to 1.001");
+  }
+}
+
 TEMPLATE_TEST_CASE("D16 generate: score_draft returns the wrong number of rows",
                    "[errors][speculative_decoder]", float, double) {
   for (const std::ptrdiff_t extra : {-1, 1}) {

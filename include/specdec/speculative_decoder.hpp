@@ -1066,7 +1066,9 @@ class SpeculativeDecoder {
         pass(std::true_type{}, std::false_type{});
       }
       const double total = converted ? raw_sum.value() : table.total;
-      if (!detail::plausible_total(screen.passed(), total, default_sum_tolerance<U>)) {
+      // The table sums the copy (value_type), the raw sum sums the row (U).
+      using summed = std::conditional_t<converted, U, value_type>;
+      if (!detail::plausible_total<summed>(screen.passed(), total, default_sum_tolerance<U>)) {
         reject_probability_row(row, "draft", i);
       }
     } else if (want_top) {
@@ -1192,10 +1194,11 @@ class SpeculativeDecoder {
     const double lenience = options_.lenience;
     std::size_t n = 0;
     if constexpr (draft_is_model) {
-      n = detail::accept_drafts(drafts, draft_view(drafted), draft_scales_.data(), target_rows, g,
-                                lenience);
+      // Unchecked entries: in-place rows are validated after the decisions (see above).
+      n = detail::accept_drafts<false>(drafts, draft_view(drafted), draft_scales_.data(),
+                                       target_rows, g, lenience);
     } else {
-      n = detail::accept_proposals(drafts, target_rows, g, lenience);
+      n = detail::accept_proposals<false>(drafts, target_rows, g, lenience);
     }
     const bool beta = options_.collect_beta;
     double beta_sum = 0.0;

@@ -67,7 +67,10 @@ struct unit_scales {
 /// the number accepted before the first rejection (gamma if none). p_at(i, x) and
 /// q_at(i, x) give p_i(x) and q_i(x) (dense rows, survivors of truncated rows, rows kept
 /// unnormalised with a scalar normaliser). Reads two entries per examined position.
-template <class G, class TargetAt, class DraftAt>
+/// `CheckedEntries`: debug builds assert that the entries read are non-negative (the
+/// precondition of verify_speculative); the decoder reads rows it validates afterwards, in
+/// the passes that read them whole, and a bad entry only makes a position reject.
+template <bool CheckedEntries = true, class G, class TargetAt, class DraftAt>
 [[nodiscard]] std::size_t accept_drafts_with(std::span<const token_id> draft_tokens,
                                              TargetAt&& p_at, DraftAt&& q_at, G& g,
                                              double lenience) {
@@ -76,7 +79,7 @@ template <class G, class TargetAt, class DraftAt>
     const auto x = static_cast<std::size_t>(draft_tokens[i]);
     const double p = p_at(i, x);
     const double q = q_at(i, x);
-    SPECDEC_ASSERT(p >= 0.0 && q >= 0.0);
+    if constexpr (CheckedEntries) SPECDEC_ASSERT(p >= 0.0 && q >= 0.0);
     const double u = uniform01<double>(g);
     if (!(u * (lenience * q) < p)) return i;  // reject x_{i+1}
   }
@@ -84,13 +87,13 @@ template <class G, class TargetAt, class DraftAt>
 }
 
 /// The decisions for one-hot drafts: x_i is accepted iff u * l < p_i(x_i).
-template <class G, class TargetAt>
+template <bool CheckedEntries = true, class G, class TargetAt>
 [[nodiscard]] std::size_t accept_proposals_with(std::span<const token_id> draft_tokens,
                                                 TargetAt&& p_at, G& g, double lenience) {
   const std::size_t gamma = draft_tokens.size();
   for (std::size_t i = 0; i < gamma; ++i) {
     const double p = p_at(i, static_cast<std::size_t>(draft_tokens[i]));
-    SPECDEC_ASSERT(p >= 0.0);
+    if constexpr (CheckedEntries) SPECDEC_ASSERT(p >= 0.0);
     const double u = uniform01<double>(g);
     if (!(u * lenience < p)) return i;
   }
@@ -99,11 +102,11 @@ template <class G, class TargetAt>
 
 /// accept_drafts_with over dense rows, q_i(x) = draft_rows(i, x) * scales[i] (the decoder
 /// keeps its draft rows at T = 1 unnormalised and their normalisers as scalars).
-template <class T, class G, class Scales>
+template <bool CheckedEntries = true, class T, class G, class Scales>
 [[nodiscard]] std::size_t accept_drafts(std::span<const token_id> draft_tokens,
                                         RowsView<const T> draft_rows, const Scales& scales,
                                         RowsView<const T> target_rows, G& g, double lenience) {
-  return accept_drafts_with(
+  return accept_drafts_with<CheckedEntries>(
       draft_tokens,
       [&](std::size_t i, std::size_t x) {
         SPECDEC_ASSERT(x < target_rows.cols());
@@ -116,10 +119,10 @@ template <class T, class G, class Scales>
 }
 
 /// accept_proposals_with over dense rows.
-template <class T, class G>
+template <bool CheckedEntries = true, class T, class G>
 [[nodiscard]] std::size_t accept_proposals(std::span<const token_id> draft_tokens,
                                            RowsView<const T> target_rows, G& g, double lenience) {
-  return accept_proposals_with(
+  return accept_proposals_with<CheckedEntries>(
       draft_tokens,
       [&](std::size_t i, std::size_t x) {
         SPECDEC_ASSERT(x < target_rows.cols());

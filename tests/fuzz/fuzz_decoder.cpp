@@ -258,8 +258,8 @@ class FuzzBatchedModel : public FuzzModel<T> {
                                            specdec::default_sum_tolerance<T>, ambiguous);
       if (code && !log.content_faults) {
         pure_row(this->seed_, std::span<const token_id>(prefix_), stored);
-      } else if (code) {
-        (ambiguous || log.lazy() ? log.may : log.must).push_back(*code);
+      } else if (code) {  // a block row: lazily validated rows may go unread
+        (ambiguous || log.greedy_scan || log.lazy_block_rows ? log.may : log.must).push_back(*code);
       } else if (ambiguous) {
         log.may.push_back(errc::not_normalized);
       }

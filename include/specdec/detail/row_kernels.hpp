@@ -2,13 +2,12 @@
 // mass table behind every inverse-CDF draw, and argmax scans for greedy verification.
 //
 // Vectorization without -ffast-math: every kernel works on blocks of `kernel_block`
-// entries through fixed-size Eigen arrays of `kernel_lanes` independent accumulators
-// (4 SSE float packets, 8 SSE double packets, fewer with AVX), combined in a fixed order.
+// entries through plain loops over `kernel_lanes` independent accumulators (4 SSE float
+// packets, 8 SSE double packets, fewer with AVX), combined in a fixed order.
 // No floating-point addition is ever reassociated by the compiler, so results are identical
 // under GCC and Clang and for every instruction set without FMA contraction.
 #pragma once
 
-#include <Eigen/Core>
 #include <array>
 #include <cmath>
 #include <cstddef>
@@ -31,11 +30,9 @@ inline constexpr std::size_t no_index = static_cast<std::size_t>(-1);
 static_assert(kernel_block % kernel_lanes == 0);
 static_assert(kernel_lanes == 16, "reduce_lanes is written for 16 lanes");
 
-/// The accumulators of a kernel, and an unaligned view of `kernel_lanes` row entries.
+/// The accumulators of a kernel.
 template <class T>
-using lane_array = Eigen::Array<T, static_cast<int>(kernel_lanes), 1>;
-template <class T>
-using lane_view = Eigen::Map<const lane_array<T>, Eigen::Unaligned>;
+using lane_array = std::array<T, kernel_lanes>;
 
 /// max(0, value) that maps NaN to 0 (a NaN compares false), so that one bad entry can
 /// never poison a mass: the caller sees at worst a zero mass and takes its fallback.
@@ -44,20 +41,26 @@ template <class T>
   return value > T(0) ? value : T(0);
 }
 
-/// The same on lanes. Eigen's max follows std::max(a, b) = (a < b ? b : a) for NaN, so
-/// max(0, NaN) is 0 here too (one SSE maxps per packet).
-template <class Expression>
-[[nodiscard]] inline auto clamp_nonnegative_lanes(const Expression& values) noexcept {
-  using T = typename Expression::Scalar;
-  return lane_array<T>::Zero().max(values);
-}
-
 /// Sum of the lanes in a fixed pairwise order, widened to double at the end.
 template <class T>
 [[nodiscard]] inline double reduce_lanes(const lane_array<T>& lanes) noexcept {
-  const Eigen::Array<T, 8, 1> eight = lanes.template head<8>() + lanes.template tail<8>();
-  const Eigen::Array<T, 4, 1> four = eight.template head<4>() + eight.template tail<4>();
+  std::array<T, 8> eight;
+  for (std::size_t k = 0; k < 8; ++k) eight[k] = lanes[k] + lanes[k + 8];
+  std::array<T, 4> four;
+  for (std::size_t k = 0; k < 4; ++k) four[k] = eight[k] + eight[k + 4];
   return static_cast<double>((four[0] + four[2]) + (four[1] + four[3]));
+}
+
+/// Sum of weight(j) over the full block of kernel_block entries at `first`: entry
+/// first + i goes to lane i % kernel_lanes, lanes added in entry order, then reduce_lanes.
+/// Plain loops over fixed lanes (the compiler keeps the lanes in registers and vectorizes).
+template <class T, class Weight>
+[[nodiscard]] inline double full_block_lanes(std::size_t first, Weight weight) noexcept {
+  lane_array<T> lanes{};
+  for (std::size_t i = first; i < first + kernel_block; i += kernel_lanes) {
+    for (std::size_t k = 0; k < kernel_lanes; ++k) lanes[k] += weight(i + k);
+  }
+  return reduce_lanes(lanes);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -76,11 +79,9 @@ struct row_source {
   [[nodiscard]] std::size_t size() const noexcept { return count; }
   [[nodiscard]] T element(std::size_t j) const noexcept { return clamp_nonnegative(row[j]); }
   [[nodiscard]] double full_block_sum(std::size_t first) const noexcept {
-    lane_array<T> lanes = lane_array<T>::Zero();
-    for (std::size_t i = first; i < first + kernel_block; i += kernel_lanes) {
-      lanes += clamp_nonnegative_lanes(lane_view<T>(row + i));
-    }
-    return reduce_lanes(lanes);
+    const T* values = row;
+    return full_block_lanes<T>(first,
+                               [values](std::size_t j) { return clamp_nonnegative(values[j]); });
   }
 };
 
@@ -96,11 +97,10 @@ struct difference_source {
     return clamp_nonnegative(target[j] - draft[j]);
   }
   [[nodiscard]] double full_block_sum(std::size_t first) const noexcept {
-    lane_array<T> lanes = lane_array<T>::Zero();
-    for (std::size_t i = first; i < first + kernel_block; i += kernel_lanes) {
-      lanes += clamp_nonnegative_lanes(lane_view<T>(target + i) - lane_view<T>(draft + i));
-    }
-    return reduce_lanes(lanes);
+    const T* p = target;
+    const T* q = draft;
+    return full_block_lanes<T>(first,
+                               [p, q](std::size_t j) { return clamp_nonnegative(p[j] - q[j]); });
   }
 };
 
@@ -117,12 +117,11 @@ struct lenient_difference_source {
     return clamp_nonnegative(target[j] - lenience * draft[j]);
   }
   [[nodiscard]] double full_block_sum(std::size_t first) const noexcept {
-    lane_array<T> lanes = lane_array<T>::Zero();
-    for (std::size_t i = first; i < first + kernel_block; i += kernel_lanes) {
-      lanes +=
-          clamp_nonnegative_lanes(lane_view<T>(target + i) - lenience * lane_view<T>(draft + i));
-    }
-    return reduce_lanes(lanes);
+    const T* p = target;
+    const T* q = draft;
+    const T l = lenience;
+    return full_block_lanes<T>(
+        first, [p, q, l](std::size_t j) { return clamp_nonnegative(p[j] - l * q[j]); });
   }
 };
 
@@ -149,10 +148,8 @@ struct replaced_entry_source {
 template <class T, class Source>
 [[nodiscard]] inline double elementwise_block_sum(const Source& source, std::size_t first,
                                                   std::size_t count) noexcept {
-  lane_array<T> lanes = lane_array<T>::Zero();
-  for (std::size_t j = 0; j < count; ++j) {
-    lanes[static_cast<Eigen::Index>(j % kernel_lanes)] += source.element(first + j);
-  }
+  lane_array<T> lanes{};
+  for (std::size_t j = 0; j < count; ++j) lanes[j % kernel_lanes] += source.element(first + j);
   return reduce_lanes(lanes);
 }
 
