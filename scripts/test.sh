@@ -3,8 +3,9 @@
 #   GCC (Release) and Clang (assertions on) builds with all tests, examples and benchmarks,
 #   an ASan+UBSan build with all tests (the first two build the examples; sanitizer and
 #   Clang builds keep line tables only, all their reports need), the CMake consumer
-#   projects (find_package after install, and add_subdirectory), every benchmark binary run briefly, a ThreadSanitizer
-#   build of the thread-safety tests (build/tsan, target thread_safety_test only), and the
+#   projects (find_package after install, and add_subdirectory), every benchmark binary
+#   run briefly, a ThreadSanitizer build of the thread-safety tests (build/tsan, targets
+#   thread_safety_test and llama_threads_test), and the
 #   libFuzzer harnesses of tests/fuzz (the library's verification and decoder, the llama
 #   engine example's GGUF loading) built with -fsanitize=fuzzer,address,undefined
 #   (build/fuzz) and run for SPECDEC_FUZZ_SECONDS each from a temporary copy of the
