@@ -150,8 +150,8 @@ class Truncation {
       return in[a] > in[b] || (in[a] == in[b] && a < b);
     };
     // The k best in order over the whole row, as llama.cpp's top-k does (a heap of k).
-    std::partial_sort(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(top_k_),
-                      ids_.end(), more);
+    std::partial_sort(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(top_k_), ids_.end(),
+                      more);
     const float top = in[ids_[0]];
     float total = 0.0F;
     for (std::size_t k = 0; k < top_k_; ++k) {

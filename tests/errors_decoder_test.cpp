@@ -46,6 +46,28 @@ enum class fault {
   throw_other,   // throws an int
 };
 
+/// Writes a content fault (NaN, negative, zero row, unnormalised) into `row`; other kinds
+/// leave it alone.
+template <class T>
+void poison(std::span<T> row, fault how) {
+  switch (how) {
+    case fault::nan_entry:
+      row[1] = std::numeric_limits<T>::quiet_NaN();
+      break;
+    case fault::negative:
+      row[1] = T(-0.25);
+      break;
+    case fault::zero_row:
+      std::fill(row.begin(), row.end(), T(0));
+      break;
+    case fault::unnormalized:
+      row[0] += T(0.5);
+      break;
+    default:
+      break;
+  }
+}
+
 /// A LanguageModel over V = 4 with context-dependent valid rows; call number `fail_at`
 /// (0-based) misbehaves as `how`. Records every context it is given.
 template <class T>
@@ -71,26 +93,14 @@ struct ScriptedModel {
     row[(last + 1) % vocab] += static_cast<T>(0.7);
     if (call != fail_at) return row;
     switch (how) {
-      case fault::none:
-        break;
       case fault::short_row:
         return std::span<const T>(row.data(), vocab - 1);
-      case fault::nan_entry:
-        row[1] = std::numeric_limits<T>::quiet_NaN();
-        break;
-      case fault::negative:
-        row[1] = T(-0.25);
-        break;
-      case fault::zero_row:
-        row.assign(vocab, T(0));
-        break;
-      case fault::unnormalized:
-        row[0] += T(0.5);
-        break;
       case fault::throw_std:
         throw std::runtime_error("engine out of memory");
       case fault::throw_other:
         throw 42;
+      default:
+        poison(std::span<T>(row), how);
     }
     return row;
   }
@@ -510,25 +520,7 @@ struct HalvesTarget {
     const std::size_t rows = draft.size() + 1;
     block.clear();
     for (std::size_t i = 0; i < rows; ++i) block.insert(block.end(), row.begin(), row.end());
-    if (calls++ == 0 && bad < rows) {
-      T* r = block.data() + bad * 4;
-      switch (how) {
-        case fault::nan_entry:
-          r[1] = std::numeric_limits<T>::quiet_NaN();
-          break;
-        case fault::negative:
-          r[1] = T(-0.25);
-          break;
-        case fault::zero_row:
-          std::fill(r, r + 4, T(0));
-          break;
-        case fault::unnormalized:
-          r[0] += T(0.5);
-          break;
-        default:
-          break;
-      }
-    }
+    if (calls++ == 0 && bad < rows) poison(std::span<T>(block.data() + bad * 4, 4), how);
     return {block.data(), rows, 4};
   }
 };

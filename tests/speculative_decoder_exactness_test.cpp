@@ -197,50 +197,69 @@ TEST_CASE("SpeculativeDecoder exactness: standardizing in LogitsModel on both si
   CHECK(result.passed());
 }
 
-TEST_CASE("SpeculativeDecoder exactness: negative control is caught", "[speculative_decoder]") {
-  // Drafts drawn from standardize(q) but verified against the raw q rows, with p
-  // standardized: the ratio no longer uses the q the token came from.
-  const std::size_t vocab = 16;
-  const std::size_t gamma = 3;
-  const std::size_t length = 3;
-  const auto target_model = make_markov_target(vocab, 2, 501);
-  const auto draft_model = make_markov_draft(target_model, 502);
-  const SamplingOptions sampling = truncated_sampling(vocab);
-  const SequenceLaw law(target_model, sampling, length);
-  specdec::Standardizer<double> standardizer(sampling);
-  std::vector<double> raw_q(gamma * vocab);
-  std::vector<double> standardized_q(vocab);
-  std::vector<double> standardized_p((gamma + 1) * vocab);
+namespace {
+
+/// The sequence law of a hand-written speculative loop (gamma drafts, then
+/// verify_speculative), for the broken variants: draft(sequence, q, g) draws a token and
+/// writes the row the verifier will use as q; target(prefix, p) writes p for a prefix.
+/// Returns the chi-square of its sequences against `law`.
+template <class Draft, class Target>
+specdec::testing::ChiSquareResult hand_written_law(const SequenceLaw& law, std::size_t vocab,
+                                                   std::size_t gamma, std::uint64_t seed,
+                                                   Draft&& draft, Target&& target) {
+  std::vector<double> q_rows(gamma * vocab);
+  std::vector<double> p_rows((gamma + 1) * vocab);
   std::vector<std::uint64_t> counts(law.cells(), 0);
-  specdec::xoshiro256pp g(503);
-  const std::size_t samples = samples_for(law);
-  for (std::size_t k = 0; k < samples; ++k) {
+  specdec::xoshiro256pp g(seed);
+  for (std::size_t k = 0; k < samples_for(law); ++k) {
     std::vector<token_id> sequence = prompt;
-    while (sequence.size() < prompt.size() + length) {
+    while (sequence.size() < prompt.size() + law.length()) {
       const std::size_t base = sequence.size();
       for (std::size_t i = 0; i < gamma; ++i) {
-        const auto q = draft_model.row(draft_model.state(sequence));
-        std::copy(q.begin(), q.end(), raw_q.begin() + static_cast<std::ptrdiff_t>(i * vocab));
-        standardizer.apply(q, std::span<double>(standardized_q));
-        sequence.push_back(specdec::sample_from_row(std::span<const double>(standardized_q), g));
+        sequence.push_back(draft(std::span<const token_id>(sequence),
+                                 std::span<double>(q_rows.data() + i * vocab, vocab), g));
       }
       for (std::size_t i = 0; i <= gamma; ++i) {
-        const auto p = target_model.row(
-            target_model.state(std::span<const token_id>(sequence.data(), base + i)));
-        standardizer.apply(p, std::span<double>(standardized_p.data() + i * vocab, vocab));
+        target(std::span<const token_id>(sequence.data(), base + i),
+               std::span<double>(p_rows.data() + i * vocab, vocab));
       }
       const std::vector<token_id> drafts(sequence.begin() + static_cast<std::ptrdiff_t>(base),
                                          sequence.end());
       const auto verdict = specdec::verify_speculative(
           std::span<const token_id>(drafts),
-          specdec::RowsView<const double>(raw_q.data(), gamma, vocab),
-          specdec::RowsView<const double>(standardized_p.data(), gamma + 1, vocab), g);
+          specdec::RowsView<const double>(q_rows.data(), gamma, vocab),
+          specdec::RowsView<const double>(p_rows.data(), gamma + 1, vocab), g);
       sequence.resize(base + verdict.accepted);
       sequence.push_back(verdict.token);
     }
     ++counts[law.cell_of(std::span<const token_id>(sequence).subspan(prompt.size()))];
   }
-  const auto broken = specdec::testing::chi_square_test(counts, law.expected());
+  return specdec::testing::chi_square_test(counts, law.expected());
+}
+
+}  // namespace
+
+TEST_CASE("SpeculativeDecoder exactness: negative control is caught", "[speculative_decoder]") {
+  // Drafts drawn from standardize(q) but verified against the raw q rows, with p
+  // standardized: the ratio no longer uses the q the token came from.
+  const std::size_t vocab = 16;
+  const auto target_model = make_markov_target(vocab, 2, 501);
+  const auto draft_model = make_markov_draft(target_model, 502);
+  const SamplingOptions sampling = truncated_sampling(vocab);
+  const SequenceLaw law(target_model, sampling, 3);
+  specdec::Standardizer<double> standardizer(sampling);
+  std::vector<double> standardized_q(vocab);
+  const auto broken = hand_written_law(
+      law, vocab, 3, 503,
+      [&](std::span<const token_id> sequence, std::span<double> q, specdec::xoshiro256pp& g) {
+        const auto raw = draft_model.row(draft_model.state(sequence));
+        std::copy(raw.begin(), raw.end(), q.begin());
+        standardizer.apply(raw, std::span<double>(standardized_q));
+        return specdec::sample_from_row(std::span<const double>(standardized_q), g);
+      },
+      [&](std::span<const token_id> prefix, std::span<double> p) {
+        standardizer.apply(target_model.row(target_model.state(prefix)), p);
+      });
   INFO(broken.describe());
   CHECK_FALSE(broken.passed());
 }
@@ -313,40 +332,20 @@ TEST_CASE("SpeculativeDecoder exactness: ignoring the draft normaliser is caught
   // row as q (the scalar normaliser forgotten in the ratio and the residual). Same
   // statistic, same sample size: it must fail.
   const std::size_t vocab = 16;
-  const std::size_t gamma = 3;
   const auto target_model = make_markov_target(vocab, 2, 701);
   ScaledDraft draft{make_markov_draft(target_model, 702)};
   const SequenceLaw law(target_model, SamplingOptions{}, 3);
-  std::vector<double> raw_q(gamma * vocab);
-  std::vector<double> p_rows((gamma + 1) * vocab);
-  std::vector<std::uint64_t> counts(law.cells(), 0);
-  specdec::xoshiro256pp g(703);
-  for (std::size_t k = 0; k < samples_for(law); ++k) {
-    std::vector<token_id> sequence = prompt;
-    while (sequence.size() < prompt.size() + 3) {
-      const std::size_t base = sequence.size();
-      for (std::size_t i = 0; i < gamma; ++i) {
-        const auto q = draft.next_token_probabilities(sequence);
-        std::copy(q.begin(), q.end(), raw_q.begin() + static_cast<std::ptrdiff_t>(i * vocab));
-        sequence.push_back(specdec::sample_from_row(q, g));  // draws from q / s
-      }
-      for (std::size_t i = 0; i <= gamma; ++i) {
-        const auto p = target_model.row(
-            target_model.state(std::span<const token_id>(sequence.data(), base + i)));
-        std::copy(p.begin(), p.end(), p_rows.begin() + static_cast<std::ptrdiff_t>(i * vocab));
-      }
-      const std::vector<token_id> drafts(sequence.begin() + static_cast<std::ptrdiff_t>(base),
-                                         sequence.end());
-      const auto verdict = specdec::verify_speculative(
-          std::span<const token_id>(drafts),
-          specdec::RowsView<const double>(raw_q.data(), gamma, vocab),
-          specdec::RowsView<const double>(p_rows.data(), gamma + 1, vocab), g);
-      sequence.resize(base + verdict.accepted);
-      sequence.push_back(verdict.token);
-    }
-    ++counts[law.cell_of(std::span<const token_id>(sequence).subspan(prompt.size()))];
-  }
-  const auto broken = specdec::testing::chi_square_test(counts, law.expected());
+  const auto broken = hand_written_law(
+      law, vocab, 3, 703,
+      [&](std::span<const token_id> sequence, std::span<double> q, specdec::xoshiro256pp& g) {
+        const auto row = draft.next_token_probabilities(sequence);
+        std::copy(row.begin(), row.end(), q.begin());
+        return specdec::sample_from_row(row, g);  // draws from row / s
+      },
+      [&](std::span<const token_id> prefix, std::span<double> p) {
+        const auto row = target_model.row(target_model.state(prefix));
+        std::copy(row.begin(), row.end(), p.begin());
+      });
   INFO(broken.describe());
   CHECK_FALSE(broken.passed());
 }
