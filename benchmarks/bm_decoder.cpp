@@ -18,7 +18,9 @@
 // Variants: sampling identity (T = 1), truncated (T = 0.7, top-k 50, top-p 0.9) and greedy
 // (the draft's argmax differs from the target's at the fourth position: 3 drafts accepted
 // and a correction every step); "checks 0" turns validate_rows and collect_beta off (the
-// cheapest configuration; the peer never checks).
+// cheapest configuration; the peer never checks). "kernels 1" runs the best kernel path the
+// CPU has (kernel_path.hpp: AVX2 where present), "kernels 0" forces the portable kernels
+// (greedy only: its argmax scans are dispatched).
 #include <benchmark/benchmark.h>
 
 #include <Eigen/Core>
@@ -38,6 +40,7 @@
 #include "baseline.hpp"
 #include "peer.hpp"
 #include "specdec/gamma_policy.hpp"
+#include "specdec/kernel_path.hpp"
 #include "specdec/random.hpp"
 #include "specdec/rows.hpp"
 #include "specdec/sampling.hpp"
@@ -187,6 +190,9 @@ void BM_DecoderStep(benchmark::State& state) {
   const auto sampling_mode = static_cast<mode>(state.range(1));
   const bool checks = state.range(2) != 0;
   const auto where = static_cast<bl::residence>(state.range(3));
+  // kernels 0: the portable kernels forced; 1: the best path this CPU has (kernel_path.hpp).
+  const bool best_kernels = state.range(4) != 0;
+  if (!best_kernels) specdec::force_kernel_path(specdec::kernel_path::portable);
   const RowBank& rows = bank(vocab);
   PrecomputedTarget target{&rows};
   PrecomputedDraft draft{&rows};
@@ -244,6 +250,7 @@ void BM_DecoderStep(benchmark::State& state) {
       static_cast<double>(peer_tokens) / static_cast<double>(peer_steps);
   state.counters["allocs_per_step"] = static_cast<double>(allocations) / step_count;
   state.counters["acceptance"] = decoder.statistics().acceptance_rate();
+  specdec::reset_kernel_path();
 }
 
 // Rows in cache: Google Benchmark picks the iteration count. Rows in DRAM: every sample
@@ -252,10 +259,14 @@ void BM_DecoderStep(benchmark::State& state) {
 // SPECDEC_DRAM_SAMPLES; scripts/test.sh's smoke run takes 3).
 template <std::int64_t Where>
 void decoder_arguments(benchmark::internal::Benchmark* benchmark) {
-  benchmark->ArgNames({"V", "mode", "checks", "dram"});
+  benchmark->ArgNames({"V", "mode", "checks", "dram", "kernels"});
   for (const std::int64_t vocab : {32000, 128000}) {
     for (const std::int64_t sampling : {0, 1, 2}) {
-      for (const std::int64_t checks : {1, 0}) benchmark->Args({vocab, sampling, checks, Where});
+      for (const std::int64_t checks : {1, 0}) {
+        benchmark->Args({vocab, sampling, checks, Where, 1});
+        // Greedy's argmax scans are dispatched: the portable kernels too, in the same run.
+        if (sampling == 2 && Where == 0) benchmark->Args({vocab, sampling, checks, Where, 0});
+      }
     }
   }
   benchmark->UseManualTime()->Unit(benchmark::kMicrosecond);

@@ -17,6 +17,7 @@
 #include "specdec/random.hpp"
 #include "specdec/speculative_sampling.hpp"
 #include "support/guarded_memory.hpp"
+#include "support/kernel_path_listener.hpp"
 
 namespace {
 

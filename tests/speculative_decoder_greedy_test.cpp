@@ -15,6 +15,7 @@
 #include "specdec/random.hpp"
 #include "specdec/speculative_decoder.hpp"
 #include "speculative_decoder_models.hpp"
+#include "support/kernel_path_listener.hpp"
 
 namespace {
 

@@ -12,6 +12,7 @@
 #include "specdec/error.hpp"                   // IWYU pragma: export
 #include "specdec/gamma_policy.hpp"            // IWYU pragma: export
 #include "specdec/greedy_verification.hpp"     // IWYU pragma: export
+#include "specdec/kernel_path.hpp"             // IWYU pragma: export
 #include "specdec/random.hpp"                  // IWYU pragma: export
 #include "specdec/residual_distribution.hpp"   // IWYU pragma: export
 #include "specdec/rows.hpp"                    // IWYU pragma: export

@@ -16,6 +16,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "specdec/kernel_path.hpp"
+
 namespace specdec::detail {
 
 /// Entries summed (or scanned) by one block kernel call (a multiple of `kernel_lanes`).
@@ -358,7 +360,8 @@ inline constexpr std::size_t scan_lanes = 128 / sizeof(T);
 /// GCC and Clang turn them into max and compare instructions; the maximum is exact, so the
 /// order of the lanes cannot change it).
 template <bool Screen, class T>
-[[nodiscard]] inline T span_max(const T* first, std::size_t count, bool& valid) noexcept {
+[[nodiscard]] SPECDEC_KERNEL_INLINE T span_max_body(const T* first, std::size_t count,
+                                                    bool& valid) noexcept {
   constexpr std::size_t lanes = scan_lanes<T>;
   using mask = std::conditional_t<sizeof(T) == 8, std::int64_t, std::int32_t>;
   std::array<T, lanes> best;
@@ -387,6 +390,24 @@ template <bool Screen, class T>
   }
   if (Screen && all == 0) valid = false;
   return result;
+}
+
+#if SPECDEC_DISPATCH_AVX2
+template <bool Screen, class T>
+[[nodiscard]] SPECDEC_TARGET_AVX2 T span_max_avx2(const T* first, std::size_t count,
+                                                  bool& valid) noexcept {
+  return span_max_body<Screen>(first, count, valid);
+}
+#endif
+
+/// span_max_body on the active kernel path (kernel_path.hpp): the same maximum and the same
+/// screen verdict on every path (a maximum is exact whatever the lane count).
+template <bool Screen, class T>
+[[nodiscard]] inline T span_max(const T* first, std::size_t count, bool& valid) noexcept {
+#if SPECDEC_DISPATCH_AVX2
+  if (use_avx2()) return span_max_avx2<Screen>(first, count, valid);
+#endif
+  return span_max_body<Screen>(first, count, valid);
 }
 
 /// Argmax of a non-empty row, lowest index among ties: one pass of chunk maxima (keeping

@@ -1,0 +1,112 @@
+// specdec — which instruction set the row kernels run on.
+//
+// The kernels that touch every entry of a row (tempered weights and softmax: a log and an
+// exp per entry; top-p's histogram; greedy's argmax scan) exist twice on x86-64 with GCC or
+// Clang: the portable build (whatever the translation unit is compiled for, SSE2 by
+// default) and an AVX2 build of the same source, chosen at run time when the CPU has AVX2.
+// Both are compiled without FMA, from the same plain loops, so they compute bitwise
+// identical results: the path changes the speed, never a token. (A build whose own flags
+// enable FMA, e.g. -march=native, may contract multiply-adds differently; its paths then
+// still agree with each other up to those contractions.)
+//
+// kernel_path() says which path runs; force_kernel_path() pins one (tests run every
+// sampling path under each; benchmarks compare them). AVX-512 is not dispatched yet.
+#pragma once
+
+#include <atomic>
+#include <string_view>
+
+#include "specdec/error.hpp"
+
+#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
+/// 1 when the AVX2 kernels are compiled in (GCC or Clang on x86).
+#define SPECDEC_DISPATCH_AVX2 1
+/// Attribute of a kernel compiled for AVX2 (no FMA: results equal the portable path's).
+#define SPECDEC_TARGET_AVX2 __attribute__((target("avx2")))
+#else
+#define SPECDEC_DISPATCH_AVX2 0
+#define SPECDEC_TARGET_AVX2
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+/// Inlined into its caller whatever the caller's instruction set (a kernel body).
+#define SPECDEC_KERNEL_INLINE [[gnu::always_inline]] inline
+/// The same for a lambda (after its parameter list).
+#define SPECDEC_LAMBDA_INLINE __attribute__((always_inline))
+#else
+#define SPECDEC_KERNEL_INLINE inline
+#define SPECDEC_LAMBDA_INLINE
+#endif
+
+namespace specdec {
+
+/// An instruction-set path of the row kernels.
+enum class kernel_path : unsigned char {
+  portable,  ///< the translation unit's own instruction set (SSE2 on x86-64 by default)
+  avx2,      ///< AVX2 (x86-64 with GCC or Clang, on CPUs that have it)
+};
+
+[[nodiscard]] constexpr std::string_view to_string(kernel_path path) noexcept {
+  return path == kernel_path::avx2 ? "avx2" : "portable";
+}
+
+/// Whether this CPU and this build can run `path`.
+[[nodiscard]] inline bool kernel_path_supported(kernel_path path) noexcept {
+  if (path == kernel_path::portable) return true;
+#if SPECDEC_DISPATCH_AVX2
+  return __builtin_cpu_supports("avx2") != 0;
+#else
+  return false;
+#endif
+}
+
+/// The fastest path this CPU and this build can run.
+[[nodiscard]] inline kernel_path best_kernel_path() noexcept {
+  static const kernel_path best =
+      kernel_path_supported(kernel_path::avx2) ? kernel_path::avx2 : kernel_path::portable;
+  return best;
+}
+
+namespace detail {
+
+// 0: not forced (the best path); else 1 + the forced path.
+inline std::atomic<unsigned char> forced_kernel_path{0};
+
+[[nodiscard]] inline bool use_avx2() noexcept {
+#if SPECDEC_DISPATCH_AVX2
+  const unsigned char forced = forced_kernel_path.load(std::memory_order_relaxed);
+  if (forced != 0) return forced - 1 == static_cast<unsigned char>(kernel_path::avx2);
+  return best_kernel_path() == kernel_path::avx2;
+#else
+  return false;
+#endif
+}
+
+}  // namespace detail
+
+/// The path the kernels take now: the forced one, else best_kernel_path().
+[[nodiscard]] inline kernel_path active_kernel_path() noexcept {
+  return detail::use_avx2() ? kernel_path::avx2 : kernel_path::portable;
+}
+
+/// Pins the kernels of the whole process to `path` and returns the path that was active.
+/// Every path computes the same results, so this is safe while other threads decode; it is
+/// meant for tests and benchmarks. Throws specdec::error (errc::invalid_option) if this CPU
+/// or build cannot run `path` (nothing changes then).
+inline kernel_path force_kernel_path(kernel_path path) {
+  if (!kernel_path_supported(path)) {
+    detail::throw_error(errc::invalid_option, "kernel path ", to_string(path),
+                        " is not supported by this CPU or build");
+  }
+  const kernel_path before = active_kernel_path();
+  detail::forced_kernel_path.store(static_cast<unsigned char>(1 + static_cast<unsigned>(path)),
+                                   std::memory_order_relaxed);
+  return before;
+}
+
+/// Undoes force_kernel_path: the kernels take best_kernel_path() again.
+inline void reset_kernel_path() noexcept {
+  detail::forced_kernel_path.store(0, std::memory_order_relaxed);
+}
+
+}  // namespace specdec
