@@ -1,6 +1,6 @@
 // Tests for include/specdec/kernel_path.hpp: choosing, forcing and resetting the kernel
 // path, and the dispatched kernels giving identical answers on every path this CPU has.
-// (The exactness suites that include support/kernel_path_listener.hpp run whole on each
+// (The exactness suites that include the kernel path listener of tests/support run whole on each
 // path: tests/CMakeLists.txt.)
 #include <cstddef>
 #include <limits>

@@ -27,6 +27,7 @@
 #include "specdec/sampling.hpp"
 #include "specdec/speculative_sampling.hpp"
 #include "specdec/validation.hpp"
+#include "support/kernel_path_listener.hpp"
 #include "support/statistics.hpp"
 
 namespace {

@@ -22,6 +22,7 @@
 #include "specdec/random.hpp"
 #include "specdec/sampling.hpp"
 #include "specdec/tree_verification.hpp"
+#include "support/kernel_path_listener.hpp"
 
 namespace {
 

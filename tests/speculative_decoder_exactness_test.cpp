@@ -34,6 +34,7 @@
 #include "specdec/speculative_sampling.hpp"
 #include "speculative_decoder_models.hpp"
 #include "support/sequence_law.hpp"
+#include "support/kernel_path_listener.hpp"
 #include "support/statistics.hpp"
 
 namespace {

@@ -9,7 +9,9 @@
 //
 // The transform, in this order (each step on the result of the previous one):
 //  1. temperature T: w(x) = p(x)^(1/T) (== softmax(logits / T) for logits; computed as
-//     exp(log(p(x) / max p) / T), so it never overflows). T = 1 leaves the row as is.
+//     exp((log p(x) - log max p) / T), so it never overflows, with specdec's own vectorized
+//     log and exp: detail/vector_math.hpp, bitwise the same under every compiler, C library
+//     and kernel path). T = 1 leaves the row as is.
 //     T = 0 means greedy: the result is one-hot at the argmax, the lowest id among ties,
 //     and SpeculativeDecoder then verifies by exact match. As T -> 0 (T > 0) the result
 //     approaches the uniform distribution over the tokens tied at the maximum (the one-hot
@@ -50,6 +52,7 @@
 #include "specdec/concepts.hpp"
 #include "specdec/config.hpp"
 #include "specdec/detail/sampling_kernels.hpp"
+#include "specdec/detail/vector_math.hpp"
 #include "specdec/error.hpp"
 #include "specdec/rows.hpp"
 
@@ -101,13 +104,13 @@ struct SamplingOptions {
 /// it.
 ///
 /// Cost per row of V entries: T = 1 without truncation: ~4 streaming passes. T != 1: one
-/// vectorized log and exp per entry, except that with top-k they are computed for the k
-/// survivors only (the order is taken from the input, which temperature does not change).
-/// Top-k: one pass with a heap for k <= V/16, else nth_element; apply_sparse (top-k rows
-/// kept as their survivors, as the decoder keeps them): one vectorized pass of block maxima,
-/// then only the blocks that can hold the top k are read again. Top-p: one histogram pass
-/// over the binary exponents of the weights, then a selection among the tokens of the
-/// buckets that can hold the nucleus (expected linear time).
+/// vectorized log and exp per entry (dispatched to AVX2 where the CPU has it), except that with
+/// top-k they are computed for the k survivors only (the order is taken from the input, which
+/// temperature does not change). Top-k: one pass with a heap for k <= V/16, else nth_element;
+/// apply_sparse (top-k rows kept as their survivors, as the decoder keeps them): one vectorized
+/// pass of block maxima, then only the blocks that can hold the top k are read again. Top-p: one
+/// histogram pass over the binary exponents of the weights, then a selection among the tokens of
+/// the buckets that can hold the nucleus (expected linear time).
 template <ProbabilityScalar T>
 class Standardizer {
  public:
@@ -176,16 +179,14 @@ class Standardizer {
     // into NaN. The smallest positive scale gives the same limit (uniform over the support).
     const T scale =
         std::max(static_cast<T>(inverse_temperature), std::numeric_limits<T>::denorm_min());
-    const auto top = static_cast<T>(maximum);
+    const T log_top = detail::log_positive(static_cast<T>(maximum));
     return finish(
         probabilities, out, U(0), min_key, use_min_p, T(1),
-        [probabilities, top, scale](std::size_t j) {
-          const T weight = std::exp(std::log(static_cast<T>(probabilities[j]) / top) * scale);
-          return weight < std::numeric_limits<T>::min() ? T(0) : weight;
+        [probabilities, log_top, scale](std::size_t j) {
+          return detail::tempered_weight(static_cast<T>(probabilities[j]), log_top, scale);
         },
-        [probabilities, top, scale](std::span<T> all) {
-          map(all) = (cmap(probabilities).template cast<T>() / top).log() * scale;
-          detail::exponentiate_flushing(all.data(), all.size());
+        [probabilities, log_top, scale](std::span<T> all) {
+          detail::tempered_weights(probabilities.data(), all.data(), all.size(), log_top, scale);
         });
   }
 
@@ -232,12 +233,11 @@ class Standardizer {
         static_cast<U>(static_cast<double>(maximum) * std::pow(options_.min_p, temperature));
     const T scale =
         std::max(static_cast<T>(inverse_temperature), std::numeric_limits<T>::denorm_min());
-    const auto top = static_cast<T>(maximum);
+    const T log_top = detail::log_positive(static_cast<T>(maximum));
     return finish_sparse(probabilities, out, U(0), min_key, use_min_p, T(1),
-                         [probabilities, top, scale](std::size_t j) {
-                           const T weight =
-                               std::exp(std::log(static_cast<T>(probabilities[j]) / top) * scale);
-                           return weight < std::numeric_limits<T>::min() ? T(0) : weight;
+                         [probabilities, log_top, scale](std::size_t j) {
+                           return detail::tempered_weight(static_cast<T>(probabilities[j]), log_top,
+                                                          scale);
                          });
   }
 
@@ -281,12 +281,10 @@ class Standardizer {
     return finish(
         logits, out, impossible, min_key, use_min_p, T(1),
         [logits, top, scale](std::size_t j) {
-          const T weight = std::exp((static_cast<T>(logits[j]) - top) * scale);
-          return weight < std::numeric_limits<T>::min() ? T(0) : weight;
+          return detail::exp_nonpositive((static_cast<T>(logits[j]) - top) * scale);
         },
         [logits, top, scale](std::span<T> all) {
-          map(all) = (cmap(logits).template cast<T>() - top) * scale;
-          detail::exponentiate_flushing(all.data(), all.size());
+          detail::shifted_exp(logits.data(), all.data(), all.size(), top, scale);
         });
   }
 
@@ -682,14 +680,12 @@ void softmax(std::span<const U> logits, std::span<T> out) {
     std::fill(out.begin(), out.end(), T(0));
     return;
   }
-  const auto size = static_cast<Eigen::Index>(logits.size());
-  Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> result(out.data(), size);
-  result =
-      Eigen::Map<const Eigen::Array<U, Eigen::Dynamic, 1>>(logits.data(), size).template cast<T>() -
-      maximum;
-  detail::exponentiate_flushing(out.data(), out.size());
+  detail::shifted_exp(logits.data(), out.data(), out.size(), maximum, T(1));
   const double total = detail::sum_in_double(out.data(), out.size());
-  if (total > 0.0) result *= static_cast<T>(1.0 / total);
+  if (total > 0.0) {
+    Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>(
+        out.data(), static_cast<Eigen::Index>(out.size())) *= static_cast<T>(1.0 / total);
+  }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -170,17 +170,4 @@ struct more_probable_first {
   }
 };
 
-/// In place x -> exp(x) (vectorized by Eigen) for exponents x <= 0 (NaN stays NaN).
-/// Results below the smallest normal number, exp(-inf) included, become exactly 0: Eigen's
-/// vectorized exp clamps its argument, so exp(-inf) would otherwise come out as a tiny
-/// positive number and a zero probability would gain support. (Flushing subnormal weights
-/// changes a probability by less than 1.2e-38 relative to the largest one, which is 1.)
-template <class T>
-inline void exponentiate_flushing(T* values, std::size_t size) noexcept {
-  Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>> x(values, static_cast<Eigen::Index>(size));
-  x = x.exp();
-  constexpr T smallest_normal = std::numeric_limits<T>::min();
-  for (std::size_t j = 0; j < size; ++j) values[j] = values[j] < smallest_normal ? T(0) : values[j];
-}
-
 }  // namespace specdec::detail

@@ -1,0 +1,192 @@
+// Tests for include/specdec/detail/vector_math.hpp, the log and exp behind temperature and
+// softmax: accuracy against long double (with a check that the bound rejects a function
+// off by 4 ulp), special values, and bitwise agreement of the scalar code with the
+// vectorized loops on every kernel path and for every length.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include <catch2/catch_template_test_macros.hpp>
+#include <catch2/catch_test_macros.hpp>
+
+#include "specdec/detail/vector_math.hpp"
+#include "specdec/kernel_path.hpp"
+#include "specdec/random.hpp"
+
+namespace {
+
+namespace sd = specdec::detail;
+
+/// |got - exact| in units of the last place of T at the exact value.
+template <class T>
+long double ulp_error(T got, long double exact) {
+  const auto magnitude = static_cast<T>(std::fabs(exact));
+  const T next = std::nextafter(magnitude, std::numeric_limits<T>::infinity());
+  return std::fabs(static_cast<long double>(got) - exact) /
+         (static_cast<long double>(next) - static_cast<long double>(magnitude));
+}
+
+/// The largest ulp error of `f` (exp-like: exact(y) = expl(y)) over `count` arguments in
+/// [floor, 0] whose exact result is a normal T.
+template <class T, class F>
+long double worst_exp_error(F f, std::size_t count, specdec::xoshiro256pp& g) {
+  const long double floor = std::log(static_cast<long double>(std::numeric_limits<T>::min()));
+  long double worst = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto y = static_cast<T>(floor * static_cast<long double>(specdec::uniform01<double>(g)));
+    const long double exact = std::exp(static_cast<long double>(y));
+    if (exact < static_cast<long double>(std::numeric_limits<T>::min()) * 1.001L) continue;
+    worst = std::max(worst, ulp_error(f(y), exact));
+  }
+  return worst;
+}
+
+template <class T>
+bool same_bits(T a, T b) {
+  return std::memcmp(&a, &b, sizeof(T)) == 0;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("vector_math: log within 2 ulp over every binade, subnormals included",
+                   "[vector_math]", float, double) {
+  using T = TestType;
+  specdec::xoshiro256pp g(11);
+  long double worst = 0;
+  const int lowest = std::numeric_limits<T>::min_exponent - std::numeric_limits<T>::digits;
+  const int highest = std::numeric_limits<T>::max_exponent;
+  for (int exponent = lowest; exponent < highest; ++exponent) {
+    for (int i = 0; i < 200; ++i) {
+      const T x = std::ldexp(static_cast<T>(1.0 + specdec::uniform01<double>(g)), exponent);
+      if (!(x > T(0)) || !(x < std::numeric_limits<T>::infinity())) continue;
+      worst =
+          std::max(worst, ulp_error(sd::log_positive(x), std::log(static_cast<long double>(x))));
+    }
+  }
+  INFO("worst log error " << static_cast<double>(worst) << " ulp");
+  CHECK(worst <= 2.0L);
+  CHECK(worst > 0.5L);  // the measurement sees rounding at all
+}
+
+TEMPLATE_TEST_CASE(
+    "vector_math: exp within 2.5 ulp where the result is normal, and the bound "
+    "rejects a function 4 ulp off",
+    "[vector_math]", float, double) {
+  using T = TestType;
+  specdec::xoshiro256pp g(12);
+  const auto ours = [](T y) { return sd::exp_nonpositive(y); };
+  const long double worst = worst_exp_error<T>(ours, 400000, g);
+  INFO("worst exp error " << static_cast<double>(worst) << " ulp");
+  CHECK(worst <= 2.5L);
+  // Broken variant: the same function scaled by (1 + 4 eps) must fail the same bound.
+  const auto off = [](T y) {
+    return sd::exp_nonpositive(y) * (T(1) + 4 * std::numeric_limits<T>::epsilon());
+  };
+  specdec::xoshiro256pp g2(12);
+  CHECK(worst_exp_error<T>(off, 400000, g2) > 2.5L);
+}
+
+TEMPLATE_TEST_CASE("vector_math: special values", "[vector_math]", float, double) {
+  using T = TestType;
+  constexpr T inf = std::numeric_limits<T>::infinity();
+  constexpr T nan = std::numeric_limits<T>::quiet_NaN();
+  constexpr T smallest = std::numeric_limits<T>::min();
+  CHECK(sd::log_positive(T(1)) == T(0));
+  CHECK(sd::log_positive(T(0)) == -inf);
+  CHECK(sd::log_positive(T(-2)) == -inf);
+  CHECK(sd::log_positive(inf) == inf);
+  CHECK(std::isnan(sd::log_positive(nan)));
+  const T tiny = std::numeric_limits<T>::denorm_min();
+  CHECK(ulp_error(sd::log_positive(tiny), std::log(static_cast<long double>(tiny))) <= 2.0L);
+  CHECK(sd::exp_nonpositive(T(0)) == T(1));
+  CHECK(sd::exp_nonpositive(-T(0)) == T(1));
+  CHECK(sd::exp_nonpositive(-inf) == T(0));
+  CHECK(std::isnan(sd::exp_nonpositive(nan)));
+  CHECK(sd::exp_nonpositive(T(-1e6)) == T(0));
+  // Flushing: no result between 0 and the smallest normal number.
+  const T edge = static_cast<T>(std::log(static_cast<long double>(smallest)));
+  for (T y = edge - T(1); y < edge + T(1); y += T(1) / 64) {
+    const T e = sd::exp_nonpositive(y);
+    CHECK((e == T(0) || e >= smallest));
+    // Zero exactly where the exact result is below the smallest normal (up to rounding).
+    const long double ratio = std::exp(static_cast<long double>(y)) / smallest;
+    if (std::fabs(ratio - 1) > 1e-5L) CHECK((e == T(0)) == (ratio < 1));
+  }
+  // A tempered weight: the maximum maps to exactly 1, zero to zero, a NaN stays NaN.
+  const T log_top = sd::log_positive(T(0.25));
+  CHECK(sd::tempered_weight(T(0.25), log_top, T(1.0 / 0.7)) == T(1));
+  CHECK(sd::tempered_weight(T(0), log_top, T(1.0 / 0.7)) == T(0));
+  CHECK(std::isnan(sd::tempered_weight(nan, log_top, T(2))));
+  // (x / top)^s for T = 0.7 and T = 3.
+  for (const T x : {T(0.125), T(1e-3), T(1e-20)}) {
+    for (const T s : {T(1.0 / 0.7), T(1.0 / 3.0)}) {
+      const long double exact = std::pow(static_cast<long double>(x) / 0.25L, s);
+      if (exact < smallest) continue;
+      const long double bound =
+          3 + std::fabs(static_cast<long double>(s) * std::log(static_cast<long double>(x))) * 2;
+      CHECK(ulp_error(sd::tempered_weight(x, log_top, s), exact) <= bound);
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("vector_math: the vector loops equal the scalar code bitwise on every path",
+                   "[vector_math]", float, double) {
+  using T = TestType;
+  specdec::xoshiro256pp g(13);
+  std::vector<specdec::kernel_path> paths{specdec::kernel_path::portable};
+  if (specdec::kernel_path_supported(specdec::kernel_path::avx2)) {
+    paths.push_back(specdec::kernel_path::avx2);
+  }
+  std::vector<std::size_t> sizes;
+  for (std::size_t n = 0; n <= 40; ++n) sizes.push_back(n);
+  sizes.push_back(1000);
+  sizes.push_back(4099);
+  for (const std::size_t size : sizes) {
+    // Probabilities over many magnitudes (zeros, subnormals, a NaN sometimes) and logits.
+    std::vector<T> probabilities(size);
+    std::vector<double> wide(size);
+    std::vector<T> logits(size);
+    for (std::size_t j = 0; j < size; ++j) {
+      const double u = specdec::uniform01<double>(g);
+      probabilities[j] =
+          j % 7 == 3
+              ? T(0)
+              : static_cast<T>(std::exp(-std::fabs(std::log(u) * (sizeof(T) == 4 ? 20.0 : 160.0))));
+      wide[j] = static_cast<double>(probabilities[j]) * 0.999;
+      logits[j] = j % 9 == 4 ? -std::numeric_limits<T>::infinity() : static_cast<T>(-40.0 * u);
+    }
+    if (size > 10) probabilities[size / 2] = std::numeric_limits<T>::quiet_NaN();
+    const T log_top = sd::log_positive(T(1));
+    const T scale = T(1.0 / 0.7);
+    for (const auto path : paths) {
+      specdec::force_kernel_path(path);
+      INFO("path " << specdec::to_string(path) << ", size " << size);
+      std::vector<T> weights(size);
+      std::vector<T> from_wide(size);
+      std::vector<T> exps(size);
+      sd::tempered_weights(probabilities.data(), weights.data(), size, log_top, scale);
+      sd::tempered_weights(wide.data(), from_wide.data(), size, log_top, scale);
+      sd::shifted_exp(logits.data(), exps.data(), size, T(0), scale);
+      std::size_t mismatches = 0;
+      for (std::size_t j = 0; j < size; ++j) {
+        if (!same_bits(weights[j], sd::tempered_weight(probabilities[j], log_top, scale))) {
+          ++mismatches;
+        }
+        if (!same_bits(from_wide[j],
+                       sd::tempered_weight(static_cast<T>(wide[j]), log_top, scale))) {
+          ++mismatches;
+        }
+        if (!same_bits(exps[j], sd::exp_nonpositive((logits[j] - T(0)) * scale))) ++mismatches;
+      }
+      CHECK(mismatches == 0);
+      // In place (`in` == `out`), as the standardizer may call it.
+      std::vector<T> in_place = probabilities;
+      sd::tempered_weights(in_place.data(), in_place.data(), size, log_top, scale);
+      CHECK(std::memcmp(in_place.data(), weights.data(), size * sizeof(T)) == 0);
+    }
+    specdec::reset_kernel_path();
+  }
+}
