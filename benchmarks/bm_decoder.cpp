@@ -15,7 +15,9 @@
 //   vs_peer          peer step / decoder step (above 1: specdec is faster)
 //   allocs_per_step  heap allocations per decoder step (global operator new is replaced by
 //                    tests/support/counting_allocator.hpp); must be 0
-// Variants: sampling identity (T = 1), truncated (T = 0.7, top-k 50, top-p 0.9) and greedy
+// Variants (mode): 0 sampling identity (T = 1), 1 truncated (T = 0.7, top-k 50, top-p 0.9),
+// 3 top-p alone (T = 1, top-p 0.9), 4 tempered top-p (T = 0.7, top-p 0.9; the peer sorts
+// the whole row, as Hugging Face and vLLM do for top-p) and 2 greedy
 // (the draft's argmax differs from the target's at the fourth position: 3 drafts accepted
 // and a correction every step); "checks 0" turns validate_rows and collect_beta off (the
 // cheapest configuration; the peer never checks). "kernels 1" runs the best kernel path the
@@ -142,7 +144,7 @@ struct PrecomputedDraft {
   }
 };
 
-enum class mode { identity, truncated, greedy };
+enum class mode { identity, truncated, greedy, top_p, tempered_top_p };
 
 // The peer's step over the same rows: gamma draft tokens drawn from (or, greedy, the
 // argmax of) q rows, then its Algorithm 1. Returns the emitted token count.
@@ -203,6 +205,10 @@ void BM_DecoderStep(benchmark::State& state) {
   if (sampling_mode == mode::truncated)
     options.sampling = {.temperature = 0.7, .top_k = 50, .top_p = 0.9};
   if (sampling_mode == mode::greedy) options.sampling = {.temperature = 0.0};
+  if (sampling_mode == mode::top_p) options.sampling = {.temperature = 1.0, .top_p = 0.9};
+  if (sampling_mode == mode::tempered_top_p) options.sampling = {.temperature = 0.7, .top_p = 0.9};
+  const bool truncating = sampling_mode == mode::truncated || sampling_mode == mode::top_p ||
+                          sampling_mode == mode::tempered_top_p;
   specdec::SpeculativeDecoder decoder(target, draft, options);
   const std::vector<token_id> context(128, 1);
   decoder.reserve(context.size());
@@ -210,7 +216,7 @@ void BM_DecoderStep(benchmark::State& state) {
   specdec::xoshiro256pp peer_g(7);
   PeerStep peer{&rows, specdec::peer::Algorithm1(vocab), {}};
   peer.drafts.reserve(gamma);
-  if (sampling_mode == mode::truncated) {
+  if (truncating) {
     peer.truncation = std::make_unique<specdec::peer::Truncation>(
         vocab, options.sampling.temperature, options.sampling.top_k, options.sampling.top_p);
     peer.q_dense.resize(gamma * vocab);
@@ -261,11 +267,14 @@ template <std::int64_t Where>
 void decoder_arguments(benchmark::internal::Benchmark* benchmark) {
   benchmark->ArgNames({"V", "mode", "checks", "dram", "kernels"});
   for (const std::int64_t vocab : {32000, 128000}) {
-    for (const std::int64_t sampling : {0, 1, 2}) {
+    for (const std::int64_t sampling : {0, 1, 2, 3, 4}) {
       for (const std::int64_t checks : {1, 0}) {
         benchmark->Args({vocab, sampling, checks, Where, 1});
-        // Greedy's argmax scans are dispatched: the portable kernels too, in the same run.
-        if (sampling == 2 && Where == 0) benchmark->Args({vocab, sampling, checks, Where, 0});
+        // Greedy's argmax scans and temperature's log and exp are dispatched: the portable
+        // kernels too, in the same run.
+        if ((sampling == 2 || sampling == 4) && Where == 0) {
+          benchmark->Args({vocab, sampling, checks, Where, 0});
+        }
       }
     }
   }

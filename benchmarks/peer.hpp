@@ -137,25 +137,35 @@ class Algorithm1 {
 /// Top-k, temperature, then top-p over a probability row, written densely (see the top).
 class Truncation {
  public:
+  /// top_k = 0: no top-k; the whole row is sorted (as Hugging Face's and vLLM's top-p sort
+  /// the whole row before the cumulative sum).
   Truncation(std::size_t vocab_size, double temperature, std::size_t top_k, double top_p)
       : vocab_(vocab_size),
         inverse_temperature_(static_cast<float>(1.0 / temperature)),
-        top_k_(std::min({top_k, vocab_size, std::size_t{1024}})),
+        top_k_(top_k == 0 ? vocab_size : std::min(top_k, vocab_size)),
         top_p_(top_p),
-        ids_(vocab_size) {}
+        ids_(vocab_size),
+        weights_(top_k_) {}
 
   void apply(const float* in, float* out) {
     for (std::size_t j = 0; j < vocab_; ++j) ids_[j] = static_cast<std::uint32_t>(j);
     const auto more = [in](std::uint32_t a, std::uint32_t b) {
       return in[a] > in[b] || (in[a] == in[b] && a < b);
     };
-    // The k best in order over the whole row, as llama.cpp's top-k does (a heap of k).
-    std::partial_sort(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(top_k_), ids_.end(),
-                      more);
+    // The k best in order over the whole row, as llama.cpp's top-k does (a heap of k); the
+    // whole row sorted without top-k.
+    if (top_k_ == vocab_) {
+      std::sort(ids_.begin(), ids_.end(), more);
+    } else {
+      std::partial_sort(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(top_k_),
+                        ids_.end(), more);
+    }
     const float top = in[ids_[0]];
     float total = 0.0F;
     for (std::size_t k = 0; k < top_k_; ++k) {
-      weights_[k] = std::exp(std::log(in[ids_[k]] / top) * inverse_temperature_);
+      weights_[k] = inverse_temperature_ == 1.0F
+                        ? in[ids_[k]]
+                        : std::exp(std::log(in[ids_[k]] / top) * inverse_temperature_);
       total += weights_[k];
     }
     std::size_t kept = 0;
@@ -171,7 +181,7 @@ class Truncation {
   std::size_t top_k_;
   double top_p_;
   std::vector<std::uint32_t> ids_;
-  std::array<float, 1024> weights_{};  // top_k <= 1024
+  std::vector<float> weights_;
 };
 
 }  // namespace specdec::peer
