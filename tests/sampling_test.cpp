@@ -313,6 +313,67 @@ TEMPLATE_TEST_CASE("Standardizer: combined settings match the full-sort referenc
   }
 }
 
+TEMPLATE_TEST_CASE("Standardizer: top-p on long rows of every shape keeps the shortest prefix",
+                   "[sampling]", float, double) {
+  // The histogram, collection and masking kernels of top-p work on chunks of 64 entries
+  // (dispatched per kernel path): long rows whose weights span many binades (beyond the 64
+  // binades of the histogram's buckets, so the clamped last bucket holds mass), flat rows,
+  // one dominant token, many exact ties and zeros. The kept set must be a prefix of the
+  // ranking (higher first, lower id first among ties) whose mass reaches top_p, and one
+  // token shorter must not.
+  using T = TestType;
+  specdec::xoshiro256pp g(2027);
+  for (int trial = 0; trial < 48; ++trial) {
+    const std::size_t size =
+        64 * (1 + specdec::uniform_below(g, 300)) + specdec::uniform_below(g, 64);
+    const int shape = trial % 4;
+    std::vector<T> row(size);
+    for (auto& x : row) {
+      const double u = specdec::uniform01<double>(g);
+      switch (shape) {
+        case 0:  // 2^0 .. 2^-90 (float: below 2^-64 of the top the last bucket takes all)
+          x = static_cast<T>(std::exp2(-90.0 * u));
+          break;
+        case 1:  // nearly flat
+          x = static_cast<T>(1.0 + 0.01 * u);
+          break;
+        case 2:  // eight levels: exact ties everywhere, a quarter zero
+          x = static_cast<T>(std::floor(8.0 * u) / 8.0);
+          break;
+        default:  // Gaussian-logit softmax shape
+          x = static_cast<T>(std::exp(6.0 * (u - 1.0) * (u + 0.5)));
+      }
+    }
+    if (shape == 3) row[specdec::uniform_below(g, size)] = T(1e4);  // one dominant token
+    row[specdec::uniform_below(g, size)] = T(2);                    // a positive maximum
+    double total = 0.0;
+    for (const T x : row) total += static_cast<double>(x);
+    for (auto& x : row) x = static_cast<T>(static_cast<double>(x) / total);
+    const double top_p = 0.05 + 0.9 * specdec::uniform01<double>(g);
+    INFO("trial " << trial << ", shape " << shape << ", V = " << size << ", top_p " << top_p);
+    const auto out = standardized(row, {.top_p = top_p});
+    std::vector<std::size_t> order;
+    for (std::size_t j = 0; j < size; ++j) {
+      if (row[j] > T(0)) order.push_back(j);
+    }
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+      return row[a] > row[b] || (row[a] == row[b] && a < b);
+    });
+    std::size_t kept = 0;
+    while (kept < order.size() && out[order[kept]] > T(0)) ++kept;
+    REQUIRE(kept > 0);
+    CHECK(support(out).size() == kept);  // nothing outside the prefix
+    double mass = 0.0;
+    double all = 0.0;
+    for (std::size_t i = 0; i < order.size(); ++i) all += static_cast<double>(row[order[i]]);
+    for (std::size_t i = 0; i < kept; ++i) mass += static_cast<double>(row[order[i]]);
+    const double last = static_cast<double>(row[order[kept - 1]]);
+    const double slack = 1e-9 * all;  // sums in a different order
+    CHECK(mass >= top_p * all - slack);
+    CHECK(mass - last < top_p * all + slack);
+  }
+}
+
 TEMPLATE_TEST_CASE("Standardizer: apply_sparse gives apply's non-zero entries bitwise",
                    "[sampling]", float, double) {
   // The decoder keeps top-k rows as their survivors: the ids in increasing order and the

@@ -128,6 +128,7 @@ class Standardizer {
   /// Allocates the scratch space for rows of `vocab_size` entries now.
   void reserve(std::size_t vocab_size) {
     if (options_.top_k != 0 || options_.top_p < 1.0) index_.reserve(vocab_size);
+    if (options_.top_p < 1.0) histogram_.reserve(2 * detail::nucleus_histogram_size);
     if (sparse_for(vocab_size)) {
       const std::size_t blocks = (vocab_size + select_block - 1) / select_block;
       block_max_.reserve(blocks);
@@ -556,36 +557,28 @@ class Standardizer {
   void keep_nucleus(std::span<const U> key, std::span<T> weights, U floor, T top_weight) {
     const std::size_t size = key.size();
     // Histogram of the mass over buckets of width 2^(1/16) below the top weight (binary
-    // exponent and 4 mantissa bits). Weights are monotone in the key, so the buckets above
-    // the one where the cumulated mass reaches `needed` hold a prefix of the ranking, kept
-    // whole; only the tokens of that boundary bucket need ranking.
-    constexpr std::size_t buckets = 1024;
-    std::array<double, buckets> mass{};
-    const std::int64_t top_code = detail::magnitude_code(top_weight);
-    const auto bucket_of = [top_code](T weight) {
-      const std::int64_t offset = top_code - detail::magnitude_code(weight);
-      return static_cast<std::size_t>(std::clamp<std::int64_t>(offset, 0, buckets - 1));
-    };
-    for (std::size_t j = 0; j < size; ++j) {
-      const T weight = weights[j];
-      if (weight > T(0)) mass[bucket_of(weight)] += static_cast<double>(weight);
-    }
+    // exponent and 4 mantissa bits; detail::nucleus_histogram). Weights are monotone in the
+    // key, so the buckets above the one where the cumulated mass reaches `needed` hold a
+    // prefix of the ranking, kept whole; only the tokens of that boundary bucket need ranking.
+    constexpr std::size_t buckets = detail::nucleus_buckets;
+    const auto top_code = static_cast<std::int32_t>(detail::magnitude_code(top_weight));
+    histogram_.assign(2 * detail::nucleus_histogram_size, 0.0);
+    detail::nucleus_histogram(weights.data(), size, top_code, histogram_.data());
     double total = 0.0;
-    for (const double m : mass) total += m;
+    for (std::size_t b = 0; b < buckets; ++b) {
+      histogram_[b] += histogram_[detail::nucleus_histogram_size + b];
+      total += histogram_[b];
+    }
     const double needed = options_.top_p * total;
     std::size_t boundary = 0;
     double above = 0.0;  // mass of the buckets before the boundary bucket
     for (; boundary + 1 < buckets; ++boundary) {
-      if (above + mass[boundary] >= needed) break;
-      above += mass[boundary];
+      if (above + histogram_[boundary] >= needed) break;
+      above += histogram_[boundary];
     }
     index_.clear();
-    for (std::size_t j = 0; j < size; ++j) {
-      const T weight = weights[j];
-      if (weight > T(0) && bucket_of(weight) == boundary) {
-        index_.push_back(static_cast<std::uint32_t>(j));
-      }
-    }
+    detail::nucleus_collect(weights.data(), size, top_code, static_cast<std::int32_t>(boundary),
+                            index_);
     auto [end, reached] = nucleus_end(key, weights, index_.begin(), index_.end(), needed - above);
     if (!reached || index_.empty()) {  // rounding: rank every possible token instead
       index_.clear();
@@ -596,11 +589,7 @@ class Standardizer {
     }
     // Keep exactly the tokens ranked up to the last one of the nucleus.
     const std::uint32_t last = *(end - 1);
-    const U last_key = key[last];
-    for (std::size_t j = 0; j < size; ++j) {
-      const bool kept = key[j] > last_key || (key[j] == last_key && j <= last);
-      weights[j] = kept ? weights[j] : T(0);
-    }
+    detail::nucleus_keep(key.data(), weights.data(), size, key[last], last);
   }
 
   // Ranks [first, last) (higher key first, lower id first) far enough to find the end of
@@ -644,6 +633,7 @@ class Standardizer {
   std::vector<std::uint32_t> index_;
   std::vector<double> block_max_;    // apply_sparse: maxima of blocks of select_block keys
   std::vector<double> block_order_;  // their selection
+  std::vector<double> histogram_;    // keep_nucleus: two histograms of bucket masses
 };
 
 /// Convenience: the standardized copy of one row (allocates; use a Standardizer in loops).

@@ -10,6 +10,9 @@
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <vector>
+
+#include "specdec/kernel_path.hpp"
 
 namespace specdec::detail {
 
@@ -152,12 +155,153 @@ template <class T>
 /// The binary exponent and the 4 leading mantissa bits of a positive float or double as
 /// one integer, monotone in the value: equal codes lie within a factor 2^(1/16).
 template <class T>
-[[nodiscard]] inline std::int64_t magnitude_code(T value) noexcept {
+[[nodiscard]] SPECDEC_KERNEL_INLINE std::int64_t magnitude_code(T value) noexcept {
   if constexpr (sizeof(T) == sizeof(std::uint64_t)) {
     return static_cast<std::int64_t>(std::bit_cast<std::uint64_t>(value) >> 48U);
   } else {
     return static_cast<std::int64_t>(std::bit_cast<std::uint32_t>(value) >> 19U);
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// Top-p over a full row (Standardizer::keep_nucleus): a histogram pass, a collection pass
+// and a masking pass, each over chunks of nucleus_chunk entries whose bucket codes are
+// computed in a vectorizable loop, dispatched to AVX2 (kernel_path.hpp). Bucket b holds
+// the weights whose magnitude_code is b below the top weight's (width 2^(1/16)); the last
+// bucket also takes everything smaller, bucket nucleus_buckets the entries with no weight
+// (zero, negative or NaN).
+// ---------------------------------------------------------------------------------------
+
+inline constexpr std::size_t nucleus_buckets = 1024;
+/// Buckets per histogram: nucleus_buckets and the one for entries with no weight.
+inline constexpr std::size_t nucleus_histogram_size = nucleus_buckets + 1;
+inline constexpr std::size_t nucleus_chunk = 64;
+
+/// bucket[k] = the bucket of weights[k], k < nucleus_chunk (branch-free: vectorizes).
+template <class T>
+SPECDEC_KERNEL_INLINE void nucleus_chunk_buckets(const T* weights, std::int32_t top_code,
+                                                 std::int32_t* bucket) noexcept {
+  using word = std::conditional_t<sizeof(T) == 8, std::uint64_t, std::uint32_t>;
+  constexpr unsigned shift = sizeof(T) == 8 ? 48U : 19U;
+  for (std::size_t k = 0; k < nucleus_chunk; ++k) {
+    const T weight = weights[k];
+    const auto code = static_cast<std::int32_t>(std::bit_cast<word>(weight) >> shift);
+    std::int32_t offset = top_code - code;
+    offset = offset < 0 ? 0 : offset;
+    offset =
+        offset > std::int32_t{nucleus_buckets - 1} ? std::int32_t{nucleus_buckets - 1} : offset;
+    bucket[k] = weight > T(0) ? offset : std::int32_t{nucleus_buckets};
+  }
+}
+
+template <class T>
+SPECDEC_KERNEL_INLINE std::int32_t nucleus_bucket(T weight, std::int32_t top_code) noexcept {
+  const auto offset = top_code - static_cast<std::int32_t>(magnitude_code(weight));
+  if (!(weight > T(0))) return std::int32_t{nucleus_buckets};
+  return offset < 0 ? 0
+                    : (offset >= std::int32_t{nucleus_buckets} ? std::int32_t{nucleus_buckets - 1}
+                                                               : offset);
+}
+
+/// Adds every weight into its bucket of two histograms (`mass`: 2 nucleus_histogram_size
+/// zeroed doubles), even entries into the first, odd ones into the second (two independent
+/// chains of additions; the caller adds the two).
+template <class T>
+SPECDEC_KERNEL_INLINE void nucleus_histogram_body(const T* weights, std::size_t size,
+                                                  std::int32_t top_code, double* mass) noexcept {
+  double* const odd = mass + nucleus_histogram_size;
+  std::array<std::int32_t, nucleus_chunk> bucket;
+  std::size_t j = 0;
+  for (; j + nucleus_chunk <= size; j += nucleus_chunk) {
+    nucleus_chunk_buckets(weights + j, top_code, bucket.data());
+    for (std::size_t k = 0; k < nucleus_chunk; k += 2) {
+      // Entries without weight land in the discarded last bucket, whatever they hold.
+      mass[bucket[k]] += static_cast<double>(weights[j + k]);
+      odd[bucket[k + 1]] += static_cast<double>(weights[j + k + 1]);
+    }
+  }
+  for (; j < size; ++j) {
+    mass[nucleus_bucket(weights[j], top_code)] += static_cast<double>(weights[j]);
+  }
+}
+
+/// Appends the ids of the entries of bucket `wanted` (< nucleus_buckets), in order.
+template <class T>
+SPECDEC_KERNEL_INLINE void nucleus_collect_body(const T* weights, std::size_t size,
+                                                std::int32_t top_code, std::int32_t wanted,
+                                                std::vector<std::uint32_t>& ids) {
+  std::array<std::int32_t, nucleus_chunk> bucket;
+  std::size_t j = 0;
+  for (; j + nucleus_chunk <= size; j += nucleus_chunk) {
+    nucleus_chunk_buckets(weights + j, top_code, bucket.data());
+    std::int32_t found = 0;
+    for (std::size_t k = 0; k < nucleus_chunk; ++k) found |= bucket[k] == wanted ? 1 : 0;
+    if (found == 0) continue;
+    for (std::size_t k = 0; k < nucleus_chunk; ++k) {
+      if (bucket[k] == wanted) ids.push_back(static_cast<std::uint32_t>(j + k));
+    }
+  }
+  for (; j < size; ++j) {
+    if (nucleus_bucket(weights[j], top_code) == wanted)
+      ids.push_back(static_cast<std::uint32_t>(j));
+  }
+}
+
+/// Zeroes the weight of every token ranked after `last` (a key below last_key, or equal to
+/// it at a higher id): the tokens kept are the nucleus.
+template <class U, class T>
+SPECDEC_KERNEL_INLINE void nucleus_keep_body(const U* key, T* weights, std::size_t size, U last_key,
+                                             std::size_t last) noexcept {
+  for (std::size_t j = 0; j < size; ++j) {
+    const U value = key[j];
+    const bool kept = (value > last_key) | ((value == last_key) & (j <= last));
+    weights[j] = kept ? weights[j] : T(0);
+  }
+}
+
+#if SPECDEC_DISPATCH_AVX2
+template <class T>
+SPECDEC_TARGET_AVX2 void nucleus_histogram_avx2(const T* weights, std::size_t size,
+                                                std::int32_t top_code, double* mass) noexcept {
+  nucleus_histogram_body(weights, size, top_code, mass);
+}
+template <class T>
+SPECDEC_TARGET_AVX2 void nucleus_collect_avx2(const T* weights, std::size_t size,
+                                              std::int32_t top_code, std::int32_t wanted,
+                                              std::vector<std::uint32_t>& ids) {
+  nucleus_collect_body(weights, size, top_code, wanted, ids);
+}
+template <class U, class T>
+SPECDEC_TARGET_AVX2 void nucleus_keep_avx2(const U* key, T* weights, std::size_t size, U last_key,
+                                           std::size_t last) noexcept {
+  nucleus_keep_body(key, weights, size, last_key, last);
+}
+#endif
+
+/// The three passes on the active kernel path (the same results on every path).
+template <class T>
+inline void nucleus_histogram(const T* weights, std::size_t size, std::int32_t top_code,
+                              double* mass) noexcept {
+#if SPECDEC_DISPATCH_AVX2
+  if (use_avx2()) return nucleus_histogram_avx2(weights, size, top_code, mass);
+#endif
+  nucleus_histogram_body(weights, size, top_code, mass);
+}
+template <class T>
+inline void nucleus_collect(const T* weights, std::size_t size, std::int32_t top_code,
+                            std::int32_t wanted, std::vector<std::uint32_t>& ids) {
+#if SPECDEC_DISPATCH_AVX2
+  if (use_avx2()) return nucleus_collect_avx2(weights, size, top_code, wanted, ids);
+#endif
+  nucleus_collect_body(weights, size, top_code, wanted, ids);
+}
+template <class U, class T>
+inline void nucleus_keep(const U* key, T* weights, std::size_t size, U last_key,
+                         std::size_t last) noexcept {
+#if SPECDEC_DISPATCH_AVX2
+  if (use_avx2()) return nucleus_keep_avx2(key, weights, size, last_key, last);
+#endif
+  nucleus_keep_body(key, weights, size, last_key, last);
 }
 
 /// Strict total order on token ids of a row: higher probability first, lower id first
