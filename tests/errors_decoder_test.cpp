@@ -24,6 +24,7 @@
 #include "specdec/rows.hpp"
 #include "specdec/sampling.hpp"
 #include "specdec/speculative_decoder.hpp"
+#include "support/kernel_path_listener.hpp"
 
 namespace {
 

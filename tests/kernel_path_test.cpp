@@ -3,6 +3,7 @@
 // (The exactness suites that include the kernel path listener of tests/support run whole on each
 // path: tests/CMakeLists.txt.)
 #include <cstddef>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -10,7 +11,9 @@
 #include <catch2/catch_template_test_macros.hpp>
 #include <catch2/catch_test_macros.hpp>
 
+#include "specdec/detail/decoder_kernels.hpp"
 #include "specdec/detail/row_kernels.hpp"
+#include "specdec/detail/sampling_kernels.hpp"
 #include "specdec/error.hpp"
 #include "specdec/kernel_path.hpp"
 #include "specdec/random.hpp"
@@ -26,6 +29,11 @@ struct ResetKernelPath {
   ResetKernelPath& operator=(const ResetKernelPath&) = delete;
   ~ResetKernelPath() { specdec::reset_kernel_path(); }
 };
+
+template <class T>
+bool same_bits(T a, T b) {
+  return std::memcmp(&a, &b, sizeof(T)) == 0;
+}
 
 std::vector<kernel_path> supported_paths() {
   std::vector<kernel_path> paths{kernel_path::portable};
@@ -125,4 +133,77 @@ TEMPLATE_TEST_CASE("kernel_path: every path finds the same argmax and the same b
     }
   }
   CHECK(poisoned_rows > 100);
+}
+
+TEMPLATE_TEST_CASE("kernel_path: every path builds the same mass tables and screens bitwise",
+                   "[kernel_path]", float, double) {
+  // The streaming passes behind every draw and every fused validation (build_mass_table
+  // with a screening hook, overlap_mass, plausible_probability_row): totals, superblock
+  // masses, beta and screen verdicts must be bitwise equal on all paths, for rows of every
+  // length around the block sizes, with negative and NaN entries sometimes.
+  using T = TestType;
+  const ResetKernelPath reset;
+  const auto paths = supported_paths();
+  specdec::xoshiro256pp g(77);
+  for (int trial = 0; trial < 120; ++trial) {
+    const std::size_t size = 1 + specdec::uniform_below(g, 5000);
+    std::vector<T> p(size);
+    std::vector<T> q(size);
+    double p_total = 0.0;
+    double q_total = 0.0;
+    for (std::size_t j = 0; j < size; ++j) {
+      p[j] = static_cast<T>(specdec::uniform01<double>(g));
+      q[j] = static_cast<T>(specdec::uniform01<double>(g));
+      p_total += static_cast<double>(p[j]);
+      q_total += static_cast<double>(q[j]);
+    }
+    for (std::size_t j = 0; j < size; ++j) {
+      p[j] = static_cast<T>(static_cast<double>(p[j]) / p_total);
+      q[j] = static_cast<T>(static_cast<double>(q[j]) / q_total);
+    }
+    if (trial % 4 == 1) p[specdec::uniform_below(g, size)] = T(-0.25);
+    if (trial % 4 == 2) p[specdec::uniform_below(g, size)] = std::numeric_limits<T>::quiet_NaN();
+    struct Outcome {
+      double total = 0.0;
+      std::vector<double> cumulative;
+      double screened_sum = 0.0;
+      bool signs = false;
+      double overlap = 0.0;
+      bool plausible = false;
+    };
+    std::vector<Outcome> outcomes;
+    for (const kernel_path path : paths) {
+      specdec::force_kernel_path(path);
+      Outcome outcome;
+      specdec::detail::mass_table table;
+      specdec::detail::row_screen<T> screen;
+      specdec::detail::build_mass_table(
+          specdec::detail::difference_source<T>{p.data(), q.data(), size}, table,
+          [&](std::size_t first, std::size_t count) { screen.add(p.data() + first, count); });
+      outcome.total = table.total;
+      outcome.cumulative.assign(
+          table.cumulative_mass.begin(),
+          table.cumulative_mass.begin() + static_cast<std::ptrdiff_t>(table.superblocks));
+      outcome.screened_sum = screen.total();
+      outcome.signs = screen.signs.passed();
+      specdec::detail::row_screen<T> overlap_screen;
+      outcome.overlap =
+          specdec::detail::overlap_mass<true>(p.data(), q.data(), T(0.75), size, overlap_screen);
+      outcome.plausible = specdec::detail::plausible_probability_row(p.data(), size, 1e-3);
+      outcomes.push_back(outcome);
+    }
+    INFO("size " << size << ", trial " << trial);
+    CHECK(outcomes.front().signs == (trial % 4 == 0 || trial % 4 == 3));
+    for (const Outcome& outcome : outcomes) {
+      CHECK(same_bits(outcome.total, outcomes.front().total));
+      CHECK(outcome.cumulative.size() == outcomes.front().cumulative.size());
+      for (std::size_t s = 0; s < outcome.cumulative.size(); ++s) {
+        CHECK(same_bits(outcome.cumulative[s], outcomes.front().cumulative[s]));
+      }
+      CHECK(same_bits(outcome.screened_sum, outcomes.front().screened_sum));
+      CHECK(outcome.signs == outcomes.front().signs);
+      CHECK(same_bits(outcome.overlap, outcomes.front().overlap));
+      CHECK(outcome.plausible == outcomes.front().plausible);
+    }
+  }
 }

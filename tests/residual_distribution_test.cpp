@@ -19,6 +19,7 @@
 #include "specdec/detail/sparse_rows.hpp"
 #include "specdec/random.hpp"
 #include "specdec/residual_distribution.hpp"
+#include "support/kernel_path_listener.hpp"
 #include "support/scripted_uniforms.hpp"
 #include "support/statistics.hpp"
 

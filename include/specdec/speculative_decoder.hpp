@@ -1045,19 +1045,22 @@ class SpeculativeDecoder {
     detail::row_maximum<U> maximum;
     detail::mass_table table;
     const auto pass = [&](auto screened, auto with_maximum) {
-      detail::build_mass_table(source, table, [&](std::size_t first, std::size_t count) {
-        const U* in = row.data() + first;
-        if constexpr (std::is_same_v<U, value_type>) {
-          std::copy_n(in, count, copy + first);
-        } else {
-          for (std::size_t j = 0; j < count; ++j) copy[first + j] = static_cast<value_type>(in[j]);
-        }
-        if constexpr (decltype(screened)::value) {
-          screen.add(in, count);
-          if constexpr (converted) raw_sum.add(in, count);
-        }
-        if constexpr (decltype(with_maximum)::value) maximum.add(in, count);
-      });
+      detail::build_mass_table(source, table,
+                               [&](std::size_t first, std::size_t count) SPECDEC_LAMBDA_INLINE {
+                                 const U* in = row.data() + first;
+                                 if constexpr (std::is_same_v<U, value_type>) {
+                                   std::copy_n(in, count, copy + first);
+                                 } else {
+                                   for (std::size_t j = 0; j < count; ++j)
+                                     copy[first + j] = static_cast<value_type>(in[j]);
+                                 }
+                                 if constexpr (decltype(screened)::value) {
+                                   screen.add(in, count);
+                                   if constexpr (converted) raw_sum.add(in, count);
+                                 }
+                                 if constexpr (decltype(with_maximum)::value)
+                                   maximum.add(in, count);
+                               });
     };
     if (options_.validate_rows) {
       if (want_top) {
@@ -1206,9 +1209,8 @@ class SpeculativeDecoder {
     // The one draw: from the residual at position n + 1, or the bonus token from p_{gamma+1}.
     const std::span<const value_type> p(target_rows.row(n));
     detail::row_screen<value_type> p_screen;
-    const auto screen_block = [&](std::size_t first, std::size_t count) {
-      p_screen.add(p.data() + first, count);
-    };
+    const auto screen_block = [&](std::size_t first, std::size_t count)
+                                  SPECDEC_LAMBDA_INLINE { p_screen.add(p.data() + first, count); };
     const double u = uniform01<double>(g);
     if (n < drafted) {
       detail::residual_outcome draw{};

@@ -25,7 +25,7 @@ struct row_maximum {
 
   row_maximum() noexcept { lanes.fill(-std::numeric_limits<T>::infinity()); }
 
-  void add(const T* row, std::size_t count) noexcept {
+  SPECDEC_KERNEL_INLINE void add(const T* row, std::size_t count) noexcept {
     const std::size_t full = count / sampling_lanes * sampling_lanes;
     for (std::size_t j = 0; j < full; j += sampling_lanes) {
       for (std::size_t k = 0; k < sampling_lanes; ++k) {
@@ -46,8 +46,9 @@ struct row_maximum {
 
 /// Fast screen of a probability row in one vectorizable pass (row_screen::plausible).
 template <class T>
-[[nodiscard]] inline bool plausible_probability_row(const T* row, std::size_t size,
-                                                    double tolerance) noexcept {
+[[nodiscard]] SPECDEC_KERNEL_INLINE bool plausible_probability_row_body(const T* row,
+                                                                        std::size_t size,
+                                                                        double tolerance) noexcept {
   row_screen<T> screen;
   constexpr std::size_t block = 16 * sampling_lanes;  // 16 terms per T lane
   for (std::size_t i = 0; i < size; i += block) {
@@ -56,14 +57,34 @@ template <class T>
   return screen.plausible(tolerance);
 }
 
+#if SPECDEC_DISPATCH_AVX2
+template <class T>
+[[nodiscard]] SPECDEC_TARGET_AVX2 bool plausible_probability_row_avx2(const T* row,
+                                                                      std::size_t size,
+                                                                      double tolerance) noexcept {
+  return plausible_probability_row_body(row, size, tolerance);
+}
+#endif
+
+/// plausible_probability_row_body on the active kernel path (the same verdict on every path).
+template <class T>
+[[nodiscard]] inline bool plausible_probability_row(const T* row, std::size_t size,
+                                                    double tolerance) noexcept {
+#if SPECDEC_DISPATCH_AVX2
+  if (use_avx2()) return plausible_probability_row_avx2(row, size, tolerance);
+#endif
+  return plausible_probability_row_body(row, size, tolerance);
+}
+
 /// beta = sum_x min(p(x), q(x)) (paper Def. 3.1 / Thm. 3.5) with q = factor * draft (the
 /// decoder keeps draft rows unnormalised; factor 1 multiplies nothing), summed like
 /// lane_sum: T lanes per block of 16 terms each, widened into double lanes (vectorizes
 /// without -ffast-math). With `Screen`, the target row is also screened into `screen`
 /// while each block is in L1 (validation fused into the beta pass).
 template <bool Screen, class T>
-[[nodiscard]] inline double overlap_mass(const T* target, const T* draft, T factor,
-                                         std::size_t size, row_screen<T>& screen) noexcept {
+[[nodiscard]] SPECDEC_KERNEL_INLINE double overlap_mass_body(const T* target, const T* draft,
+                                                             T factor, std::size_t size,
+                                                             row_screen<T>& screen) noexcept {
   constexpr std::size_t block = 16 * sampling_lanes;
   std::array<double, sampling_lanes> total{};
   for (std::size_t i = 0; i < size; i += block) {
@@ -95,6 +116,25 @@ template <bool Screen, class T>
     if constexpr (Screen) screen.add(p, count);
   }
   return reduce_sampling_lanes(total);
+}
+
+#if SPECDEC_DISPATCH_AVX2
+template <bool Screen, class T>
+[[nodiscard]] SPECDEC_TARGET_AVX2 double overlap_mass_avx2(const T* target, const T* draft,
+                                                           T factor, std::size_t size,
+                                                           row_screen<T>& screen) noexcept {
+  return overlap_mass_body<Screen>(target, draft, factor, size, screen);
+}
+#endif
+
+/// overlap_mass_body on the active kernel path (the same sums on every path).
+template <bool Screen, class T>
+[[nodiscard]] inline double overlap_mass(const T* target, const T* draft, T factor,
+                                         std::size_t size, row_screen<T>& screen) noexcept {
+#if SPECDEC_DISPATCH_AVX2
+  if (use_avx2()) return overlap_mass_avx2<Screen>(target, draft, factor, size, screen);
+#endif
+  return overlap_mass_body<Screen>(target, draft, factor, size, screen);
 }
 
 /// The message of a specdec::error without the "specdec: <code>: " prefix error adds.

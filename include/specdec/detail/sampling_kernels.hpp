@@ -3,7 +3,6 @@
 // that top-k and top-p use.
 #pragma once
 
-#include <Eigen/Core>
 #include <array>
 #include <bit>
 #include <cstddef>
@@ -23,7 +22,8 @@ inline constexpr std::size_t sampling_block = 256;
 
 /// Pairwise sum of the lanes in a fixed order.
 template <class T>
-[[nodiscard]] inline T reduce_sampling_lanes(std::array<T, sampling_lanes> lanes) noexcept {
+[[nodiscard]] SPECDEC_KERNEL_INLINE T
+reduce_sampling_lanes(std::array<T, sampling_lanes> lanes) noexcept {
   for (std::size_t width = sampling_lanes / 2; width != 0; width /= 2) {
     for (std::size_t k = 0; k < width; ++k) lanes[k] += lanes[k + width];
   }
@@ -65,7 +65,7 @@ struct sign_screen {
 
   sign_screen() noexcept { good.fill(mask{-1}); }
 
-  void add(const T* row, std::size_t count) noexcept {
+  SPECDEC_KERNEL_INLINE void add(const T* row, std::size_t count) noexcept {
     const std::size_t full = count / sampling_lanes * sampling_lanes;
     for (std::size_t j = 0; j < full; j += sampling_lanes) {
       for (std::size_t k = 0; k < sampling_lanes; ++k) {
@@ -88,7 +88,7 @@ template <class T>
 struct lane_sum {
   std::array<double, sampling_lanes> lanes{};
 
-  void add(const T* row, std::size_t count) noexcept {
+  SPECDEC_KERNEL_INLINE void add(const T* row, std::size_t count) noexcept {
     std::array<T, sampling_lanes> block{};
     const std::size_t full = count / sampling_lanes * sampling_lanes;
     for (std::size_t j = 0; j < full; j += sampling_lanes) {
@@ -124,7 +124,7 @@ struct row_screen {
   sign_screen<T> signs;
   lane_sum<T> sum;
 
-  void add(const T* row, std::size_t count) noexcept {
+  SPECDEC_KERNEL_INLINE void add(const T* row, std::size_t count) noexcept {
     signs.add(row, count);
     sum.add(row, count);
   }
@@ -134,12 +134,29 @@ struct row_screen {
   }
 };
 
-/// Largest entry of a non-empty row (Eigen's vectorized reduction; with NaN entries the
-/// result is unspecified, callers validate rows or propagate NaN otherwise).
+/// Largest entry of a non-empty row, NaN entries passed over (running maxima in
+/// sampling_lanes lanes: plain loops that vectorize). A row of only NaN and -infinity
+/// entries with at least one NaN gives NaN, so that a NaN row is reported as such.
 template <class T>
 [[nodiscard]] inline T max_entry(const T* row, std::size_t size) noexcept {
-  return Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>(row, static_cast<Eigen::Index>(size))
-      .maxCoeff();
+  constexpr T lowest = -std::numeric_limits<T>::infinity();
+  std::array<T, sampling_lanes> best;
+  best.fill(lowest);
+  const std::size_t full = size / sampling_lanes * sampling_lanes;
+  for (std::size_t j = 0; j < full; j += sampling_lanes) {
+    for (std::size_t k = 0; k < sampling_lanes; ++k) {
+      best[k] = best[k] < row[j + k] ? row[j + k] : best[k];  // a NaN compares false
+    }
+  }
+  for (std::size_t j = full; j < size; ++j) best[0] = best[0] < row[j] ? row[j] : best[0];
+  T result = best[0];
+  for (std::size_t k = 1; k < sampling_lanes; ++k) result = result < best[k] ? best[k] : result;
+  if (result == lowest) {
+    for (std::size_t j = 0; j < size; ++j) {
+      if (row[j] != row[j]) return row[j];
+    }
+  }
+  return result;
 }
 
 /// Index of the largest entry of a non-empty row, the lowest index among ties.
