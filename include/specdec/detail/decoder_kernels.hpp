@@ -25,7 +25,7 @@ struct row_maximum {
 
   row_maximum() noexcept { lanes.fill(-std::numeric_limits<T>::infinity()); }
 
-  SPECDEC_KERNEL_INLINE void add(const T* row, std::size_t count) noexcept {
+  inline void add(const T* row, std::size_t count) noexcept {
     const std::size_t full = count / sampling_lanes * sampling_lanes;
     for (std::size_t j = 0; j < full; j += sampling_lanes) {
       for (std::size_t k = 0; k < sampling_lanes; ++k) {
@@ -66,6 +66,14 @@ template <class T>
 }
 #endif
 
+// The portable builds: out of line like any inline function (not inlined at every
+// dispatching call site, which would double the code the compiler optimizes).
+template <class T>
+[[nodiscard]] inline bool plausible_probability_row_portable(const T* row, std::size_t size,
+                                                             double tolerance) noexcept {
+  return plausible_probability_row_body(row, size, tolerance);
+}
+
 /// plausible_probability_row_body on the active kernel path (the same verdict on every path).
 template <class T>
 [[nodiscard]] inline bool plausible_probability_row(const T* row, std::size_t size,
@@ -73,7 +81,7 @@ template <class T>
 #if SPECDEC_DISPATCH_AVX2
   if (use_avx2()) return plausible_probability_row_avx2(row, size, tolerance);
 #endif
-  return plausible_probability_row_body(row, size, tolerance);
+  return plausible_probability_row_portable(row, size, tolerance);
 }
 
 /// beta = sum_x min(p(x), q(x)) (paper Def. 3.1 / Thm. 3.5) with q = factor * draft (the
@@ -127,6 +135,13 @@ template <bool Screen, class T>
 }
 #endif
 
+template <bool Screen, class T>
+[[nodiscard]] inline double overlap_mass_portable(const T* target, const T* draft, T factor,
+                                                  std::size_t size,
+                                                  row_screen<T>& screen) noexcept {
+  return overlap_mass_body<Screen>(target, draft, factor, size, screen);
+}
+
 /// overlap_mass_body on the active kernel path (the same sums on every path).
 template <bool Screen, class T>
 [[nodiscard]] inline double overlap_mass(const T* target, const T* draft, T factor,
@@ -134,7 +149,7 @@ template <bool Screen, class T>
 #if SPECDEC_DISPATCH_AVX2
   if (use_avx2()) return overlap_mass_avx2<Screen>(target, draft, factor, size, screen);
 #endif
-  return overlap_mass_body<Screen>(target, draft, factor, size, screen);
+  return overlap_mass_portable<Screen>(target, draft, factor, size, screen);
 }
 
 /// The message of a specdec::error without the "specdec: <code>: " prefix error adds.

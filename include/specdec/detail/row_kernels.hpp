@@ -39,13 +39,13 @@ using lane_array = std::array<T, kernel_lanes>;
 /// max(0, value) that maps NaN to 0 (a NaN compares false), so that one bad entry can
 /// never poison a mass: the caller sees at worst a zero mass and takes its fallback.
 template <class T>
-[[nodiscard]] SPECDEC_KERNEL_INLINE T clamp_nonnegative(T value) noexcept {
+[[nodiscard]] inline T clamp_nonnegative(T value) noexcept {
   return value > T(0) ? value : T(0);
 }
 
 /// Sum of the lanes in a fixed pairwise order, widened to double at the end.
 template <class T>
-[[nodiscard]] SPECDEC_KERNEL_INLINE double reduce_lanes(const lane_array<T>& lanes) noexcept {
+[[nodiscard]] inline double reduce_lanes(const lane_array<T>& lanes) noexcept {
   std::array<T, 8> eight;
   for (std::size_t k = 0; k < 8; ++k) eight[k] = lanes[k] + lanes[k + 8];
   std::array<T, 4> four;
@@ -57,8 +57,7 @@ template <class T>
 /// first + i goes to lane i % kernel_lanes, lanes added in entry order, then reduce_lanes.
 /// Plain loops over fixed lanes (the compiler keeps the lanes in registers and vectorizes).
 template <class T, class Weight>
-[[nodiscard]] SPECDEC_KERNEL_INLINE double full_block_lanes(std::size_t first,
-                                                            Weight weight) noexcept {
+[[nodiscard]] inline double full_block_lanes(std::size_t first, Weight weight) noexcept {
   lane_array<T> lanes{};
   for (std::size_t i = first; i < first + kernel_block; i += kernel_lanes) {
     for (std::size_t k = 0; k < kernel_lanes; ++k) lanes[k] += weight(i + k);
@@ -80,10 +79,8 @@ struct row_source {
   std::size_t count;
 
   [[nodiscard]] std::size_t size() const noexcept { return count; }
-  [[nodiscard]] SPECDEC_KERNEL_INLINE T element(std::size_t j) const noexcept {
-    return clamp_nonnegative(row[j]);
-  }
-  [[nodiscard]] SPECDEC_KERNEL_INLINE double full_block_sum(std::size_t first) const noexcept {
+  [[nodiscard]] inline T element(std::size_t j) const noexcept { return clamp_nonnegative(row[j]); }
+  [[nodiscard]] inline double full_block_sum(std::size_t first) const noexcept {
     const T* values = row;
     return full_block_lanes<T>(first, [values](std::size_t j) SPECDEC_LAMBDA_INLINE {
       return clamp_nonnegative(values[j]);
@@ -99,10 +96,10 @@ struct difference_source {
   std::size_t count;
 
   [[nodiscard]] std::size_t size() const noexcept { return count; }
-  [[nodiscard]] SPECDEC_KERNEL_INLINE T element(std::size_t j) const noexcept {
+  [[nodiscard]] inline T element(std::size_t j) const noexcept {
     return clamp_nonnegative(target[j] - draft[j]);
   }
-  [[nodiscard]] SPECDEC_KERNEL_INLINE double full_block_sum(std::size_t first) const noexcept {
+  [[nodiscard]] inline double full_block_sum(std::size_t first) const noexcept {
     const T* p = target;
     const T* q = draft;
     return full_block_lanes<T>(first, [p, q](std::size_t j) SPECDEC_LAMBDA_INLINE {
@@ -120,10 +117,10 @@ struct lenient_difference_source {
   T lenience;
 
   [[nodiscard]] std::size_t size() const noexcept { return count; }
-  [[nodiscard]] SPECDEC_KERNEL_INLINE T element(std::size_t j) const noexcept {
+  [[nodiscard]] inline T element(std::size_t j) const noexcept {
     return clamp_nonnegative(target[j] - lenience * draft[j]);
   }
-  [[nodiscard]] SPECDEC_KERNEL_INLINE double full_block_sum(std::size_t first) const noexcept {
+  [[nodiscard]] inline double full_block_sum(std::size_t first) const noexcept {
     const T* p = target;
     const T* q = draft;
     const T l = lenience;
@@ -143,10 +140,10 @@ struct replaced_entry_source {
   T replacement;
 
   [[nodiscard]] std::size_t size() const noexcept { return count; }
-  [[nodiscard]] SPECDEC_KERNEL_INLINE T element(std::size_t j) const noexcept {
+  [[nodiscard]] inline T element(std::size_t j) const noexcept {
     return j == replaced ? replacement : clamp_nonnegative(row[j]);
   }
-  [[nodiscard]] SPECDEC_KERNEL_INLINE double full_block_sum(std::size_t first) const noexcept;
+  [[nodiscard]] inline double full_block_sum(std::size_t first) const noexcept;
 };
 
 /// Sum of `count` <= kernel_block weights starting at `first`, element by element into the
@@ -154,17 +151,15 @@ struct replaced_entry_source {
 /// needing per-element treatment. Deterministic, so every pass gets the same value for the
 /// same block.
 template <class T, class Source>
-[[nodiscard]] SPECDEC_KERNEL_INLINE double elementwise_block_sum(const Source& source,
-                                                                 std::size_t first,
-                                                                 std::size_t count) noexcept {
+[[nodiscard]] inline double elementwise_block_sum(const Source& source, std::size_t first,
+                                                  std::size_t count) noexcept {
   lane_array<T> lanes{};
   for (std::size_t j = 0; j < count; ++j) lanes[j % kernel_lanes] += source.element(first + j);
   return reduce_lanes(lanes);
 }
 
 template <class T>
-SPECDEC_KERNEL_INLINE double replaced_entry_source<T>::full_block_sum(
-    std::size_t first) const noexcept {
+inline double replaced_entry_source<T>::full_block_sum(std::size_t first) const noexcept {
   if (replaced - first < kernel_block) {  // unsigned: also false when replaced < first
     return elementwise_block_sum<T>(*this, first, kernel_block);
   }
@@ -177,8 +172,7 @@ using source_scalar_t = decltype(std::declval<const Source&>().element(0));
 
 /// Mass of the block starting at `first` (full, or the last partial block).
 template <class Source>
-[[nodiscard]] SPECDEC_KERNEL_INLINE double block_sum(const Source& source,
-                                                     std::size_t first) noexcept {
+[[nodiscard]] inline double block_sum(const Source& source, std::size_t first) noexcept {
   const std::size_t remaining = source.size() - first;
   if (remaining >= kernel_block) return source.full_block_sum(first);
   return elementwise_block_sum<source_scalar_t<Source>>(source, first, remaining);
@@ -213,8 +207,7 @@ struct mass_table {
 
 /// A build_mass_table hook that does nothing.
 struct no_block_hook {
-  SPECDEC_KERNEL_INLINE void operator()(std::size_t /*first*/,
-                                        std::size_t /*count*/) const noexcept {}
+  inline void operator()(std::size_t /*first*/, std::size_t /*count*/) const noexcept {}
 };
 
 /// One streaming pass over the source: block sums, cumulative superblock masses, total.
@@ -255,6 +248,14 @@ SPECDEC_TARGET_AVX2 void build_mass_table_avx2(const Source& source, mass_table&
 }
 #endif
 
+// The portable builds: out of line like any inline function (not inlined at every
+// dispatching call site, which would double the code the compiler optimizes).
+template <class Source, class BeforeBlock>
+inline void build_mass_table_portable(const Source& source, mass_table& table,
+                                      BeforeBlock& before_block) noexcept {
+  build_mass_table_body(source, table, before_block);
+}
+
 /// build_mass_table_body on the active kernel path (kernel_path.hpp): the pass, its sums
 /// and a hook declared SPECDEC_LAMBDA_INLINE run as AVX2 code where the CPU has it, with the
 /// same results on every path.
@@ -264,7 +265,7 @@ inline void build_mass_table(const Source& source, mass_table& table,
 #if SPECDEC_DISPATCH_AVX2
   if (use_avx2()) return build_mass_table_avx2(source, table, before_block);
 #endif
-  build_mass_table_body(source, table, before_block);
+  build_mass_table_portable(source, table, before_block);
 }
 
 template <class Source>
@@ -430,6 +431,11 @@ template <bool Screen, class T>
 }
 #endif
 
+template <bool Screen, class T>
+[[nodiscard]] inline T span_max_portable(const T* first, std::size_t count, bool& valid) noexcept {
+  return span_max_body<Screen>(first, count, valid);
+}
+
 /// span_max_body on the active kernel path (kernel_path.hpp): the same maximum and the same
 /// screen verdict on every path (a maximum is exact whatever the lane count).
 template <bool Screen, class T>
@@ -437,7 +443,7 @@ template <bool Screen, class T>
 #if SPECDEC_DISPATCH_AVX2
   if (use_avx2()) return span_max_avx2<Screen>(first, count, valid);
 #endif
-  return span_max_body<Screen>(first, count, valid);
+  return span_max_portable<Screen>(first, count, valid);
 }
 
 /// Argmax of a non-empty row, lowest index among ties: one pass of chunk maxima (keeping

@@ -22,8 +22,7 @@ inline constexpr std::size_t sampling_block = 256;
 
 /// Pairwise sum of the lanes in a fixed order.
 template <class T>
-[[nodiscard]] SPECDEC_KERNEL_INLINE T
-reduce_sampling_lanes(std::array<T, sampling_lanes> lanes) noexcept {
+[[nodiscard]] inline T reduce_sampling_lanes(std::array<T, sampling_lanes> lanes) noexcept {
   for (std::size_t width = sampling_lanes / 2; width != 0; width /= 2) {
     for (std::size_t k = 0; k < width; ++k) lanes[k] += lanes[k + width];
   }
@@ -65,7 +64,7 @@ struct sign_screen {
 
   sign_screen() noexcept { good.fill(mask{-1}); }
 
-  SPECDEC_KERNEL_INLINE void add(const T* row, std::size_t count) noexcept {
+  inline void add(const T* row, std::size_t count) noexcept {
     const std::size_t full = count / sampling_lanes * sampling_lanes;
     for (std::size_t j = 0; j < full; j += sampling_lanes) {
       for (std::size_t k = 0; k < sampling_lanes; ++k) {
@@ -88,7 +87,7 @@ template <class T>
 struct lane_sum {
   std::array<double, sampling_lanes> lanes{};
 
-  SPECDEC_KERNEL_INLINE void add(const T* row, std::size_t count) noexcept {
+  inline void add(const T* row, std::size_t count) noexcept {
     std::array<T, sampling_lanes> block{};
     const std::size_t full = count / sampling_lanes * sampling_lanes;
     for (std::size_t j = 0; j < full; j += sampling_lanes) {
@@ -124,7 +123,7 @@ struct row_screen {
   sign_screen<T> signs;
   lane_sum<T> sum;
 
-  SPECDEC_KERNEL_INLINE void add(const T* row, std::size_t count) noexcept {
+  inline void add(const T* row, std::size_t count) noexcept {
     signs.add(row, count);
     sum.add(row, count);
   }
@@ -172,7 +171,7 @@ template <class T>
 /// The binary exponent and the 4 leading mantissa bits of a positive float or double as
 /// one integer, monotone in the value: equal codes lie within a factor 2^(1/16).
 template <class T>
-[[nodiscard]] SPECDEC_KERNEL_INLINE std::int64_t magnitude_code(T value) noexcept {
+[[nodiscard]] inline std::int64_t magnitude_code(T value) noexcept {
   if constexpr (sizeof(T) == sizeof(std::uint64_t)) {
     return static_cast<std::int64_t>(std::bit_cast<std::uint64_t>(value) >> 48U);
   } else {
@@ -295,6 +294,26 @@ SPECDEC_TARGET_AVX2 void nucleus_keep_avx2(const U* key, T* weights, std::size_t
 }
 #endif
 
+// The portable builds: out of line like any inline function (not inlined at every
+// dispatching call site, which would double the code the compiler optimizes).
+template <class T>
+inline void nucleus_histogram_portable(const T* weights, std::size_t size, std::int32_t top_code,
+                                       double* mass) noexcept {
+  nucleus_histogram_body(weights, size, top_code, mass);
+}
+
+template <class T>
+inline void nucleus_collect_portable(const T* weights, std::size_t size, std::int32_t top_code,
+                                     std::int32_t wanted, std::vector<std::uint32_t>& ids) {
+  nucleus_collect_body(weights, size, top_code, wanted, ids);
+}
+
+template <class U, class T>
+inline void nucleus_keep_portable(const U* key, T* weights, std::size_t size, U last_key,
+                                  std::size_t last) noexcept {
+  nucleus_keep_body(key, weights, size, last_key, last);
+}
+
 /// The three passes on the active kernel path (the same results on every path).
 template <class T>
 inline void nucleus_histogram(const T* weights, std::size_t size, std::int32_t top_code,
@@ -302,7 +321,7 @@ inline void nucleus_histogram(const T* weights, std::size_t size, std::int32_t t
 #if SPECDEC_DISPATCH_AVX2
   if (use_avx2()) return nucleus_histogram_avx2(weights, size, top_code, mass);
 #endif
-  nucleus_histogram_body(weights, size, top_code, mass);
+  nucleus_histogram_portable(weights, size, top_code, mass);
 }
 template <class T>
 inline void nucleus_collect(const T* weights, std::size_t size, std::int32_t top_code,
@@ -310,7 +329,7 @@ inline void nucleus_collect(const T* weights, std::size_t size, std::int32_t top
 #if SPECDEC_DISPATCH_AVX2
   if (use_avx2()) return nucleus_collect_avx2(weights, size, top_code, wanted, ids);
 #endif
-  nucleus_collect_body(weights, size, top_code, wanted, ids);
+  nucleus_collect_portable(weights, size, top_code, wanted, ids);
 }
 template <class U, class T>
 inline void nucleus_keep(const U* key, T* weights, std::size_t size, U last_key,
@@ -318,7 +337,7 @@ inline void nucleus_keep(const U* key, T* weights, std::size_t size, U last_key,
 #if SPECDEC_DISPATCH_AVX2
   if (use_avx2()) return nucleus_keep_avx2(key, weights, size, last_key, last);
 #endif
-  nucleus_keep_body(key, weights, size, last_key, last);
+  nucleus_keep_portable(key, weights, size, last_key, last);
 }
 
 /// Strict total order on token ids of a row: higher probability first, lower id first

@@ -311,13 +311,26 @@ SPECDEC_TARGET_AVX2 void shifted_exp_avx2(const U* in, T* out, std::size_t size,
 }
 #endif
 
+// The portable builds: out of line like any inline function (not inlined at every
+// dispatching call site, which would double the code the compiler optimizes).
+template <class T, class U>
+inline void tempered_weights_portable(const U* in, T* out, std::size_t size, T log_top,
+                                      T scale) noexcept {
+  tempered_weights_body<16>(in, out, size, log_top, scale);
+}
+
+template <class T, class U>
+inline void shifted_exp_portable(const U* in, T* out, std::size_t size, T top, T scale) noexcept {
+  shifted_exp_body<16>(in, out, size, top, scale);
+}
+
 /// out[j] = tempered_weight(in[j], log_top, scale) for j < size (`in` may be `out`).
 template <class T, class U>
 inline void tempered_weights(const U* in, T* out, std::size_t size, T log_top, T scale) noexcept {
 #if SPECDEC_DISPATCH_AVX2
   if (use_avx2()) return tempered_weights_avx2(in, out, size, log_top, scale);
 #endif
-  tempered_weights_body<16>(in, out, size, log_top, scale);
+  tempered_weights_portable(in, out, size, log_top, scale);
 }
 
 /// out[j] = exp_nonpositive((in[j] - top) * scale) for j < size (`in` may be `out`): the
@@ -327,7 +340,7 @@ inline void shifted_exp(const U* in, T* out, std::size_t size, T top, T scale) n
 #if SPECDEC_DISPATCH_AVX2
   if (use_avx2()) return shifted_exp_avx2(in, out, size, top, scale);
 #endif
-  shifted_exp_body<16>(in, out, size, top, scale);
+  shifted_exp_portable(in, out, size, top, scale);
 }
 
 }  // namespace specdec::detail
