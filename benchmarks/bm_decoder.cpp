@@ -22,6 +22,8 @@
 // and a correction every step); "checks 0" turns validate_rows and collect_beta off (the
 // cheapest configuration; the peer never checks). "kernels 1" runs the best kernel path the
 // CPU has (kernel_path.hpp: AVX2 where present), "kernels 0" forces the portable kernels.
+// "stable 1" (T = 1 only): the draft declares stable_rows (concepts.hpp), so the decoder
+// reads its rows in place instead of copying each into its workspace.
 #include <benchmark/benchmark.h>
 
 #include <Eigen/Core>
@@ -143,6 +145,12 @@ struct PrecomputedDraft {
   }
 };
 
+// The same draft declaring stable_rows (concepts.hpp): its rows are rows of the bank, valid
+// through the step, so the decoder reads them in place at T = 1 instead of copying them.
+struct StableDraft : PrecomputedDraft {
+  static constexpr bool stable_rows = true;
+};
+
 enum class mode { identity, truncated, greedy, top_p, tempered_top_p };
 
 // The peer's step over the same rows: gamma draft tokens drawn from (or, greedy, the
@@ -185,7 +193,8 @@ struct PeerStep {
   }
 };
 
-void BM_DecoderStep(benchmark::State& state) {
+template <class Draft>
+void decoder_step(benchmark::State& state) {
   namespace bl = specdec::baseline;
   const auto vocab = static_cast<std::size_t>(state.range(0));
   const auto sampling_mode = static_cast<mode>(state.range(1));
@@ -196,7 +205,7 @@ void BM_DecoderStep(benchmark::State& state) {
   if (!best_kernels) specdec::force_kernel_path(specdec::kernel_path::portable);
   const RowBank& rows = bank(vocab);
   PrecomputedTarget target{&rows};
-  PrecomputedDraft draft{&rows};
+  Draft draft{{&rows}};
   specdec::DecoderOptions options;
   options.gamma_policy = specdec::FixedGamma(gamma);
   options.validate_rows = checks;
@@ -258,21 +267,32 @@ void BM_DecoderStep(benchmark::State& state) {
   specdec::reset_kernel_path();
 }
 
+void BM_DecoderStep(benchmark::State& state) {
+  // stable 1: the draft declares stable_rows (read in place at T = 1, else no effect).
+  if (state.range(5) != 0) {
+    decoder_step<StableDraft>(state);
+  } else {
+    decoder_step<PrecomputedDraft>(state);
+  }
+}
+
 // Rows in cache: Google Benchmark picks the iteration count. Rows in DRAM: every sample
 // first streams 64 MiB through the caches (milliseconds), so a fixed number of samples per
 // benchmark, whatever --benchmark_min_time says: baseline::dram_samples() (31, or
 // SPECDEC_DRAM_SAMPLES; scripts/test.sh's smoke run takes 3).
 template <std::int64_t Where>
 void decoder_arguments(benchmark::internal::Benchmark* benchmark) {
-  benchmark->ArgNames({"V", "mode", "checks", "dram", "kernels"});
+  benchmark->ArgNames({"V", "mode", "checks", "dram", "kernels", "stable"});
   for (const std::int64_t vocab : {32000, 128000}) {
     for (const std::int64_t sampling : {0, 1, 2, 3, 4}) {
       for (const std::int64_t checks : {1, 0}) {
-        benchmark->Args({vocab, sampling, checks, Where, 1});
+        benchmark->Args({vocab, sampling, checks, Where, 1, 0});
+        // T = 1: the draft's rows read in place (stable_rows) instead of copied.
+        if (sampling == 0) benchmark->Args({vocab, sampling, checks, Where, 1, 1});
         // The row passes are dispatched (kernel_path.hpp): the portable kernels too, in the
         // same run (rows in cache; top-k's selection is not dispatched).
         if (sampling != 1 && Where == 0) {
-          benchmark->Args({vocab, sampling, checks, Where, 0});
+          benchmark->Args({vocab, sampling, checks, Where, 0, 0});
         }
       }
     }
@@ -287,14 +307,16 @@ BENCHMARK(BM_DecoderStep)->Apply(decoder_arguments<1>);
 // How the step's cost per entry scales with V and gamma (T = 1, checks on, rows in cache,
 // the same context every step): ns_per_entry = step time / ((2 gamma + 1) V), and vs_read
 // as above. Flat ns_per_entry means the workspace does not fall out of cache before the
-// rows do.
-void BM_DecoderScaling(benchmark::State& state) {
+// rows do. "stable 1": the draft declares stable_rows, so its rows are read in place and the
+// workspace holds no row at all (the target's are in place too: batched, T = 1).
+template <class Draft>
+void decoder_scaling(benchmark::State& state) {
   namespace bl = specdec::baseline;
   const auto vocab = static_cast<std::size_t>(state.range(0));
   const auto draft_length = static_cast<std::size_t>(state.range(1));
   const RowBank& rows = bank(vocab, std::max<std::size_t>(8, draft_length));
   PrecomputedTarget target{&rows};
-  PrecomputedDraft draft{&rows};
+  Draft draft{{&rows}};
   specdec::DecoderOptions options;
   options.gamma_policy = specdec::FixedGamma(draft_length);
   specdec::SpeculativeDecoder decoder(target, draft, options);
@@ -320,9 +342,16 @@ void BM_DecoderScaling(benchmark::State& state) {
       medians.step * 1e9 / static_cast<double>((2 * draft_length + 1) * vocab);
   state.counters["tokens_per_step"] = static_cast<double>(tokens) / static_cast<double>(steps);
 }
+void BM_DecoderScaling(benchmark::State& state) {
+  if (state.range(2) != 0) {
+    decoder_scaling<StableDraft>(state);
+  } else {
+    decoder_scaling<PrecomputedDraft>(state);
+  }
+}
 BENCHMARK(BM_DecoderScaling)
-    ->ArgNames({"V", "gamma"})
-    ->ArgsProduct({{32000, 128000, 256000}, {4, 16}})
+    ->ArgNames({"V", "gamma", "stable"})
+    ->ArgsProduct({{32000, 128000, 256000}, {4, 16}, {0, 1}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 

@@ -33,8 +33,8 @@
 #include "specdec/speculative_decoder.hpp"
 #include "specdec/speculative_sampling.hpp"
 #include "speculative_decoder_models.hpp"
-#include "support/sequence_law.hpp"
 #include "support/kernel_path_listener.hpp"
+#include "support/sequence_law.hpp"
 #include "support/statistics.hpp"
 
 namespace {
@@ -51,6 +51,7 @@ using specdec::testing::sample_decoder;
 using specdec::testing::samples_for;
 using specdec::testing::sequence_length_for;
 using specdec::testing::SequenceLaw;
+using specdec::testing::StableMarkovModel;
 using specdec::testing::truncated_sampling;
 
 const std::vector<token_id>& prompt = specdec::testing::sequence_prompt;
@@ -349,4 +350,154 @@ TEST_CASE("SpeculativeDecoder exactness: ignoring the draft normaliser is caught
       });
   INFO(broken.describe());
   CHECK_FALSE(broken.passed());
+}
+
+namespace {
+
+/// ScaledDraft with its scaled rows precomputed: stable rows (read in place at T = 1),
+/// unnormalised by the same state factors.
+struct StableScaledDraft {
+  static constexpr bool stable_rows = true;
+  std::vector<double> table;
+  MarkovModel<double> chain;
+  explicit StableScaledDraft(MarkovModel<double> model) : chain(std::move(model)) {
+    const ScaledDraft scaled{chain};
+    for (std::size_t s = 0; s < chain.states(); ++s) {
+      for (const double x : chain.row(s)) table.push_back(x * scaled.factor(s));
+    }
+  }
+  [[nodiscard]] std::size_t vocab_size() const { return chain.vocab_size(); }
+  std::span<const double> next_token_probabilities(std::span<const token_id> context) {
+    const std::size_t vocab = chain.vocab_size();
+    return {table.data() + chain.state(context) * vocab, vocab};
+  }
+};
+
+/// The broken variant: declares stable_rows but rewrites one buffer on every call, so the
+/// rows the decoder keeps pointers to all become the last drafted row.
+struct PromiseBreakingDraft {
+  static constexpr bool stable_rows = true;
+  MarkovModel<double> chain;
+  std::vector<double> row{};
+  [[nodiscard]] std::size_t vocab_size() const { return chain.vocab_size(); }
+  std::span<const double> next_token_probabilities(std::span<const token_id> context) {
+    const auto source = chain.row(chain.state(context));
+    row.assign(source.begin(), source.end());
+    return row;
+  }
+};
+
+static_assert(specdec::SpeculativeDecoder<MarkovModel<double>,
+                                          StableMarkovModel<double>>::draft_rows_in_place);
+static_assert(
+    specdec::SpeculativeDecoder<MarkovModel<double>, StableScaledDraft>::draft_rows_in_place);
+// Rows of another scalar type are converted, so still copied.
+static_assert(!specdec::SpeculativeDecoder<MarkovModel<double>,
+                                           StableMarkovModel<float>>::draft_rows_in_place);
+static_assert(
+    !specdec::SpeculativeDecoder<MarkovModel<double>, MarkovModel<double>>::draft_rows_in_place);
+
+}  // namespace
+
+TEST_CASE("SpeculativeDecoder exactness: stable draft rows read in place",
+          "[speculative_decoder]") {
+  // A draft with stable_rows is read in place at T = 1 (no copy): the same law, for
+  // normalised rows (validation on) and rows off by factors 1/4..4 (validation off), gamma
+  // 1..6, batched targets (their rows in place too) and per-prefix targets, with a policy
+  // that reads the draft's top probability.
+  std::uint64_t seed = 900;
+  const std::size_t vocab = 16;
+  const auto target_model = make_markov_target(vocab, 2, ++seed);
+  StableMarkovModel<double> draft(make_markov_draft(target_model, ++seed));
+  StableScaledDraft scaled_draft(make_markov_draft(target_model, ++seed));
+  BatchedMarkovModel<double> batched(target_model);
+  auto per_prefix = target_model;
+  const SequenceLaw law(target_model, SamplingOptions{}, 3);
+  const std::size_t samples = samples_for(law);
+  for (const std::size_t gamma : {1U, 3U, 6U}) {
+    for (const bool scaled : {false, true}) {
+      for (const bool use_batched : {true, false}) {
+        specdec::DecoderOptions options{.validate_rows = !scaled};
+        if (gamma == 3) {
+          options.gamma_policy = specdec::ConfidenceStop(0.3, gamma);  // reads top q
+        } else {
+          options.gamma_policy = specdec::FixedGamma(gamma);
+        }
+        INFO("gamma " << gamma << (scaled ? ", unnormalised" : "")
+                      << (use_batched ? ", batched" : ", per prefix"));
+        specdec::testing::ChiSquareResult result;
+        const auto run = [&](auto& target, auto& drafter) {
+          specdec::SpeculativeDecoder decoder(target, drafter, options);
+          return sample_decoder(decoder, law, samples, ++seed);
+        };
+        if (use_batched) {
+          result = scaled ? run(batched, scaled_draft) : run(batched, draft);
+        } else {
+          result = scaled ? run(per_prefix, scaled_draft) : run(per_prefix, draft);
+        }
+        INFO(result.describe());
+        CHECK(result.passed());
+      }
+    }
+  }
+}
+
+TEST_CASE("SpeculativeDecoder exactness: a draft breaking the stable_rows promise is caught",
+          "[speculative_decoder]") {
+  // The broken variant of the test above (and the proof that rows are read in place): a
+  // draft that declares stable_rows but overwrites one buffer, so every kept draft row is the
+  // last one drafted. Same statistic, same sample size: it must fail. Its honest twin (the
+  // same model without the promise, copied) passes.
+  const std::size_t vocab = 16;
+  const auto target_model = make_markov_target(vocab, 2, 951);
+  PromiseBreakingDraft breaking{make_markov_draft(target_model, 952)};
+  auto honest = make_markov_draft(target_model, 952);
+  BatchedMarkovModel<double> batched(target_model);
+  const SequenceLaw law(target_model, SamplingOptions{}, 3);
+  const std::size_t samples = samples_for(law);
+  const specdec::DecoderOptions options{.gamma_policy = specdec::FixedGamma(3)};
+  specdec::SpeculativeDecoder broken_decoder(batched, breaking, options);
+  const auto broken = sample_decoder(broken_decoder, law, samples, 953);
+  INFO(broken.describe());
+  CHECK_FALSE(broken.passed());
+  specdec::SpeculativeDecoder honest_decoder(batched, honest, options);
+  const auto control = sample_decoder(honest_decoder, law, samples, 953);
+  INFO(control.describe());
+  CHECK(control.passed());
+}
+
+TEST_CASE("SpeculativeDecoder: stable draft rows give the copied path's output bitwise",
+          "[speculative_decoder]") {
+  // Reading in place changes where the draft rows are read from, nothing else: the same
+  // tokens, sources and statistics (beta included) as copying them, step after step, with
+  // validation on and off, for batched and per-prefix targets and several gamma.
+  for (const std::size_t vocab : {16U, 64U}) {
+    const auto target_model = make_markov_target(vocab, 2, 970 + vocab);
+    const auto draft_model = make_markov_draft(target_model, 971 + vocab);
+    StableMarkovModel<double> stable(draft_model);
+    auto copied = draft_model;
+    BatchedMarkovModel<double> batched(target_model);
+    auto per_prefix = target_model;
+    for (const std::size_t gamma : {1U, 4U, 7U}) {
+      for (const bool checks : {true, false}) {
+        const specdec::DecoderOptions options{.gamma_policy = specdec::FixedGamma(gamma),
+                                              .validate_rows = checks,
+                                              .collect_beta = true};
+        INFO("V = " << vocab << ", gamma " << gamma << ", checks " << checks);
+        const auto compare = [&](auto& target) {
+          specdec::SpeculativeDecoder in_place(target, stable, options);
+          specdec::SpeculativeDecoder with_copy(target, copied, options);
+          const auto a = in_place.generate(prompt, 400, 17 + gamma);
+          const auto b = with_copy.generate(prompt, 400, 17 + gamma);
+          CHECK(a.tokens == b.tokens);
+          CHECK(a.statistics.accepted_tokens == b.statistics.accepted_tokens);
+          CHECK(a.statistics.drafted_tokens == b.statistics.drafted_tokens);
+          CHECK(a.statistics.beta_sum == b.statistics.beta_sum);
+          CHECK(a.statistics.beta_positions == b.statistics.beta_positions);
+        };
+        compare(batched);
+        compare(per_prefix);
+      }
+    }
+  }
 }

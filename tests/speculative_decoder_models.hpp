@@ -122,6 +122,15 @@ class MarkovModel {
   std::vector<T> table_;
 };
 
+/// A MarkovModel that declares stable_rows (concepts.hpp): its rows are rows of its table,
+/// valid as long as the model, so the decoder reads them in place at T = 1.
+template <class T>
+class StableMarkovModel : public MarkovModel<T> {
+ public:
+  static constexpr bool stable_rows = true;
+  explicit StableMarkovModel(MarkovModel<T> model) : MarkovModel<T>(std::move(model)) {}
+};
+
 /// MarkovModel plus score_draft: all prefixes of context + draft in one call.
 template <class T>
 class BatchedMarkovModel : public MarkovModel<T> {

@@ -276,6 +276,67 @@ concept HasDraftScoring =
 template <class M>
 concept BatchedLanguageModel = LanguageModel<M> && HasDraftScoring<M>;
 
+namespace detail {
+template <class M>
+concept declares_stable_rows = requires {
+  requires bool(M::stable_rows);
+};
+
+// A returned row that does not own its entries: a reference, a borrowed range (std::span)
+// or an Eigen view (Map, Ref, Block: anything but a plain Matrix / Array).
+template <class R>
+concept non_owning_row =
+    std::is_lvalue_reference_v<R> || std::ranges::borrowed_range<R> || requires {
+  typename std::remove_cvref_t<R>::PlainObject;
+  requires !std::is_same_v<std::remove_cvref_t<R>, typename std::remove_cvref_t<R>::PlainObject>;
+};
+}  // namespace detail
+
+/// Opt-in promise of a LanguageModel used as the draft: every row `next_token_probabilities`
+/// returns stays valid and unchanged until the end of the decoder step that asked for it
+/// (through the later draft calls of that step and the target's scoring), and is returned as
+/// a view or a reference (std::span, `const std::vector<T>&`, Eigen::Map), not by value.
+/// Declare it with a member `static constexpr bool stable_rows = true;` or by specialising
+/// this variable. Models that keep a row per position qualify (precomputed tables, a draft
+/// that writes each position's row into its own slot); a model that returns a view of one
+/// buffer it overwrites on every call does not.
+///
+/// What it buys: at T = 1 without truncation, where the decoder would copy each draft row
+/// unchanged into its workspace (the row must survive the next draft call), it reads the
+/// model's row in place instead when the row has the target's scalar type: the step writes
+/// no draft row, and the workspace holds no draft rows (gamma V entries less to keep in
+/// cache). Tokens, statistics and errors are bitwise the same as with the copy. A model that
+/// breaks the promise gets wrong verification (its later rows overwrite earlier ones), which
+/// no check can see: declare it only when the model's code guarantees it.
+/// @code
+/// struct TableDraft {  // rows of a table: valid as long as the model
+///   static constexpr bool stable_rows = true;
+///   std::vector<std::vector<float>> table;
+///   std::size_t vocab_size() const { return table.size(); }
+///   std::span<const float> next_token_probabilities(std::span<const specdec::token_id> c) {
+///     return table[c.empty() ? 0 : static_cast<std::size_t>(c.back())];
+///   }
+/// };
+/// static_assert(specdec::stable_rows<TableDraft>);
+/// @endcode
+template <class M>
+inline constexpr bool stable_rows = detail::declares_stable_rows<M>;
+
+namespace detail {
+// The row type of a LanguageModel's next_token_probabilities (void scalar for other types).
+template <class M>
+struct model_row_traits {
+  using scalar = void;
+  static constexpr bool non_owning = false;
+};
+template <LanguageModel M>
+struct model_row_traits<M> {
+  using result = decltype(std::declval<M&>().next_token_probabilities(std::span<const token_id>()));
+  using scalar = probability_scalar_t<result>;
+  static constexpr bool non_owning = non_owning_row<result>;
+};
+}  // namespace detail
+
 // ---------------------------------------------------------------------------------------
 // Drafters
 // ---------------------------------------------------------------------------------------

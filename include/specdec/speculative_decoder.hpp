@@ -32,9 +32,10 @@
 // are copied once into the decoder's workspace: a model's returned view is only valid until
 // its next call. At T = 1 without truncation a draft row costs ONE pass (copy, validation,
 // maximum if the gamma policy reads it, and the sampling table, fused); its normaliser is
-// kept as a scalar rather than rescaling the row. Verification then reads target rows whole
-// only where it must (the draw of the final token; beta and validation of accepted rows),
-// each in one pass. With top-k truncation every row is kept as its survivors
+// kept as a scalar rather than rescaling the row. A draft that declares stable_rows
+// (concepts.hpp: its rows outlive the step) is read in place there: no copy. Verification then
+// reads target rows whole only where it must (the draw of the final token; beta and validation of
+// accepted rows), each in one pass. With top-k truncation every row is kept as its survivors
 // (Standardizer::apply_sparse: one pass of block maxima with validation fused into it), and
 // verification, beta and the draws run over at most top_k entries per row. The workspace is
 // sized at construction for the policy's first gamma and grows only if a later gamma is
@@ -427,6 +428,17 @@ class SpeculativeDecoder {
   static constexpr bool draft_proposes_trees = !draft_is_model && MultiProposalDrafter<DraftModel>;
   /// Whether the target scores all prefixes in one call.
   static constexpr bool target_is_batched = BatchedLanguageModel<TargetModel>;
+  /// Whether the draft's rows are read in place where a step would copy them unchanged (T = 1
+  /// without truncation): the draft declares stable_rows (concepts.hpp) and its rows have
+  /// the target's scalar type.
+  static constexpr bool draft_rows_in_place =
+      draft_is_model && stable_rows<DraftModel> &&
+      std::is_same_v<typename detail::model_row_traits<DraftModel>::scalar, value_type>;
+  static_assert(!(draft_is_model && stable_rows<DraftModel>) ||
+                    detail::model_row_traits<DraftModel>::non_owning,
+                "stable_rows: the draft's next_token_probabilities must return a view or a "
+                "reference (std::span, const std::vector<T>&, Eigen::Map); a row returned by "
+                "value is gone before verification reads it");
   /// "No token limit" for step().
   static constexpr std::size_t unlimited = std::numeric_limits<std::size_t>::max();
 
@@ -627,6 +639,9 @@ class SpeculativeDecoder {
   [[nodiscard]] bool needs_draft_rows() const noexcept {
     return draft_is_model && !options_.sampling.greedy();
   }
+  [[nodiscard]] bool reads_draft_in_place() const noexcept {
+    return draft_rows_in_place && options_.sampling.identity() && !tree_mode();
+  }
   [[nodiscard]] bool needs_target_rows() const noexcept {
     if constexpr (target_is_batched) {
       using batched_scalar = typename decltype(as_rows(std::declval<TargetModel&>().score_draft(
@@ -654,8 +669,10 @@ class SpeculativeDecoder {
       sparse_scratch_row_.resize(vocab_size_);
     } else {
       if (needs_draft_rows()) {
-        draft_rows_.resize(gamma * vocab_size_);
+        // In place (stable_rows): the model's rows, no copies to keep.
+        if (!reads_draft_in_place()) draft_rows_.resize(gamma * vocab_size_);
         draft_scales_.resize(gamma);
+        draft_row_at_.resize(gamma);
       }
       if (needs_target_rows()) target_rows_.resize((gamma + 1) * vocab_size_);
     }
@@ -986,6 +1003,7 @@ class SpeculativeDecoder {
           const std::span<value_type> q = draft_row(i);
           top_probability = standardizer_.apply(row, q);
           draft_scales_[i] = 1.0;
+          draft_row_at_[i] = q.data();
           drafted = sample_from_row(std::span<const value_type>(q), g);
         }
         sequence_.push_back(drafted);
@@ -1031,12 +1049,22 @@ class SpeculativeDecoder {
   // same pass screens it for validation (validate_rows), takes its maximum (for a policy
   // that reads the top probability) and builds the mass table of the copy; then one draw
   // walks one superblock. The row is not rescaled: its normaliser s (the table's total) is
-  // kept as the scalar draft_scales_[i] = 1 / s, and verification reads q = c / s.
+  // kept as the scalar draft_scales_[i] = 1 / s, and verification reads q = c / s. A draft
+  // with stable_rows is read in place: the same pass without the copy.
   template <class U, class G>
   token_id draft_identity(std::span<const U> row, std::size_t i, G& g, bool want_top,
                           double& top_probability) {
-    value_type* const copy = draft_rows_.data() + i * vocab_size_;
-    const detail::row_source<value_type> source{copy, vocab_size_};
+    constexpr bool in_place = draft_rows_in_place && std::is_same_v<U, value_type>;
+    [[maybe_unused]] value_type* const copy =
+        in_place ? nullptr : draft_rows_.data() + i * vocab_size_;
+    const value_type* q = nullptr;
+    if constexpr (in_place) {
+      q = row.data();
+    } else {
+      q = copy;
+    }
+    draft_row_at_[i] = q;
+    const detail::row_source<value_type> source{q, vocab_size_};
     // The sum is the table's total (entries >= 0 once the screen passed), unless the row is
     // converted to another type: then the row's own sum, as the validator computes it.
     constexpr bool converted = !std::is_same_v<U, value_type>;
@@ -1048,7 +1076,9 @@ class SpeculativeDecoder {
       detail::build_mass_table(source, table,
                                [&](std::size_t first, std::size_t count) SPECDEC_LAMBDA_INLINE {
                                  const U* in = row.data() + first;
-                                 if constexpr (std::is_same_v<U, value_type>) {
+                                 if constexpr (in_place) {
+                                   // the table's own pass reads the row
+                                 } else if constexpr (std::is_same_v<U, value_type>) {
                                    std::copy_n(in, count, copy + first);
                                  } else {
                                    for (std::size_t j = 0; j < count; ++j)
@@ -1087,7 +1117,7 @@ class SpeculativeDecoder {
       index = detail::draw_from_table(source, table, u);
     }
     // No positive finite mass (only without validation): the argmax, as sample_from_row.
-    if (index == detail::no_index) index = detail::row_argmax(copy, vocab_size_);
+    if (index == detail::no_index) index = detail::row_argmax(q, vocab_size_);
     draft_scales_[i] = scale;
     top_probability = want_top ? static_cast<double>(maximum.value()) * scale : 1.0;
     return static_cast<token_id>(index);
@@ -1198,8 +1228,13 @@ class SpeculativeDecoder {
     std::size_t n = 0;
     if constexpr (draft_is_model) {
       // Unchecked entries: in-place rows are validated after the decisions (see above).
-      n = detail::accept_drafts<false>(drafts, draft_view(drafted), draft_scales_.data(),
-                                       target_rows, g, lenience);
+      n = detail::accept_drafts_with<false>(
+          drafts,
+          [&](std::size_t i, std::size_t x) { return static_cast<double>(target_rows(i, x)); },
+          [&](std::size_t i, std::size_t x) {
+            return static_cast<double>(draft_row_at_[i][x]) * draft_scales_[i];
+          },
+          g, lenience);
     } else {
       n = detail::accept_proposals<false>(drafts, target_rows, g, lenience);
     }
@@ -1217,7 +1252,7 @@ class SpeculativeDecoder {
       if constexpr (draft_is_model) {
         // beta_{n+1} = sum min(p, q) = sum p - sum max(0, p - q): from the residual's pass.
         const bool sum_p = screen || (beta && lenience == 1.0);
-        const std::span<const value_type> c(draft_rows_.data() + n * vocab_size_, vocab_size_);
+        const std::span<const value_type> c(draft_row_at_[n], vocab_size_);
         const auto factor = static_cast<value_type>(lenience * draft_scales_[n]);
         draw = sum_p ? detail::residual_draw(p, c, factor, u, screen_block)
                      : detail::residual_draw(p, c, factor, u);
@@ -1252,10 +1287,6 @@ class SpeculativeDecoder {
     step_sources_[accepted] = source;
   }
 
-  [[nodiscard]] RowsView<const value_type> draft_view(std::size_t rows) const noexcept {
-    return RowsView<const value_type>(draft_rows_.data(), rows, vocab_size_);
-  }
-
   // The whole-row reads of accepted position i: beta_i (collect_beta; fused with the
   // screen) and the screen alone otherwise. Returns beta_i (0 without collect_beta).
   double read_accepted_row(std::size_t i, RowsView<const value_type> target_rows, bool screen) {
@@ -1263,7 +1294,7 @@ class SpeculativeDecoder {
     double beta = 0.0;
     if (options_.collect_beta) {
       if constexpr (draft_is_model) {
-        const value_type* c = draft_rows_.data() + i * vocab_size_;
+        const value_type* c = draft_row_at_[i];
         const auto factor = static_cast<value_type>(draft_scales_[i]);
         detail::row_screen<value_type> p_screen;
         if (screen) {
@@ -1287,9 +1318,9 @@ class SpeculativeDecoder {
   // beta_i = sum min(p_i, q_i) in a pass of its own (a lenient residual's mass is not 1 - beta).
   [[nodiscard]] double beta_of_row(std::size_t i, RowsView<const value_type> target_rows) const {
     detail::row_screen<value_type> unused;
-    return detail::overlap_mass<false>(
-        target_rows.row(i).data(), draft_rows_.data() + i * vocab_size_,
-        static_cast<value_type>(draft_scales_[i]), vocab_size_, unused);
+    return detail::overlap_mass<false>(target_rows.row(i).data(), draft_row_at_[i],
+                                       static_cast<value_type>(draft_scales_[i]), vocab_size_,
+                                       unused);
   }
 
   // --- sparse rows (top-k truncation) ------------------------------------------------------
@@ -1439,6 +1470,8 @@ class SpeculativeDecoder {
   std::vector<std::uint8_t> stop_lookup_;
   std::vector<value_type> draft_rows_;  // q_1..q_gamma up to a factor (draft_scales_)
   std::vector<double> draft_scales_;    // q_i = draft_scales_[i] * draft row i
+  // Draft row i of the step: in draft_rows_, or the model's own row (stable_rows).
+  std::vector<const value_type*> draft_row_at_;
   // Sparse mode (top-k truncation): the survivors of each row, top_k slots per row.
   std::vector<std::uint32_t> draft_ids_;
   std::vector<value_type> draft_weights_;
