@@ -2,9 +2,11 @@
 // path, and the dispatched kernels giving identical answers on every path this CPU has.
 // (The exactness suites that include the kernel path listener of tests/support run whole on each
 // path: tests/CMakeLists.txt.)
+#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <limits>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -17,6 +19,7 @@
 #include "specdec/error.hpp"
 #include "specdec/kernel_path.hpp"
 #include "specdec/random.hpp"
+#include "specdec/sampling.hpp"
 
 namespace {
 
@@ -204,6 +207,62 @@ TEMPLATE_TEST_CASE("kernel_path: every path builds the same mass tables and scre
       CHECK(outcome.signs == outcomes.front().signs);
       CHECK(same_bits(outcome.overlap, outcomes.front().overlap));
       CHECK(outcome.plausible == outcomes.front().plausible);
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("kernel_path: every path standardizes top-p rows bitwise", "[kernel_path]",
+                   float, double) {
+  // Top-p without top-k runs on dispatched passes (histogram with bucket codes, collection,
+  // the normalising keep pass; temperature's log and exp): every entry of the standardized
+  // row and the top probability must be bitwise equal on all paths, for rows of every length
+  // around the pack and chunk sizes, with ties at the nucleus boundary and zeros.
+  using T = TestType;
+  const ResetKernelPath reset;
+  const auto paths = supported_paths();
+  specdec::xoshiro256pp g(78);
+  const specdec::SamplingOptions settings[] = {
+      {.top_p = 0.9},
+      {.top_p = 0.3},
+      {.temperature = 0.7, .top_p = 0.9},
+      {.temperature = 0.8, .top_p = 0.85, .min_p = 0.02},
+  };
+  for (int trial = 0; trial < 160; ++trial) {
+    const std::size_t size = 1 + specdec::uniform_below(g, 3000);
+    std::vector<T> row(size);
+    double total = 0.0;
+    for (std::size_t j = 0; j < size; ++j) {
+      const double u1 = specdec::uniform01<double>(g);
+      const double u2 = specdec::uniform01<double>(g);
+      const double normal = std::sqrt(-2.0 * std::log(1.0 - u1)) * std::cos(6.283185307179586 * u2);
+      row[j] = static_cast<T>(std::exp(2.5 * normal));
+      if (trial % 3 == 1 && j % 5 == 0) row[j] = T(0);
+      if (trial % 3 == 2 && j > 0 && j % 3 == 0) row[j] = row[j - 1];  // ties
+      total += static_cast<double>(row[j]);
+    }
+    if (!(total > 0.0)) {
+      row[0] = T(1);
+      total = 1.0;
+    }
+    for (T& x : row) x = static_cast<T>(static_cast<double>(x) / total);
+    const specdec::SamplingOptions& options = settings[trial % 4];
+    std::vector<std::vector<T>> outputs;
+    std::vector<double> tops;
+    for (const kernel_path path : paths) {
+      specdec::force_kernel_path(path);
+      specdec::Standardizer<T> standardizer(options);
+      std::vector<T> out(size);
+      tops.push_back(standardizer.apply(std::span<const T>(row), std::span<T>(out)));
+      outputs.push_back(std::move(out));
+    }
+    INFO("size " << size << ", trial " << trial);
+    for (std::size_t k = 1; k < outputs.size(); ++k) {
+      CHECK(same_bits(tops[k], tops.front()));
+      std::size_t differing = 0;
+      for (std::size_t j = 0; j < size; ++j) {
+        if (!same_bits(outputs[k][j], outputs.front()[j])) ++differing;
+      }
+      CHECK(differing == 0);
     }
   }
 }

@@ -109,8 +109,10 @@ struct SamplingOptions {
 /// temperature does not change). Top-k: one pass with a heap for k <= V/16, else nth_element;
 /// apply_sparse (top-k rows kept as their survivors, as the decoder keeps them): one vectorized
 /// pass of block maxima, then only the blocks that can hold the top k are read again. Top-p: one
-/// histogram pass over the binary exponents of the weights, then a selection among the tokens of
-/// the buckets that can hold the nucleus (expected linear time).
+/// histogram pass over the binary exponents of the weights (it also writes each entry's bucket,
+/// 2 bytes), a selection among the tokens of the bucket where the nucleus ends (expected linear
+/// time), then one pass writing the kept weights normalised by the nucleus mass; at T = 1 the
+/// weights are read from the input itself (no copy first).
 template <ProbabilityScalar T>
 class Standardizer {
  public:
@@ -128,7 +130,10 @@ class Standardizer {
   /// Allocates the scratch space for rows of `vocab_size` entries now.
   void reserve(std::size_t vocab_size) {
     if (options_.top_k != 0 || options_.top_p < 1.0) index_.reserve(vocab_size);
-    if (options_.top_p < 1.0) histogram_.reserve(2 * detail::nucleus_histogram_size);
+    if (options_.top_p < 1.0) {
+      histogram_.reserve(2 * detail::nucleus_histogram_size);
+      codes_.reserve(vocab_size);
+    }
     if (sparse_for(vocab_size)) {
       const std::size_t blocks = (vocab_size + select_block - 1) / select_block;
       block_max_.reserve(blocks);
@@ -160,13 +165,17 @@ class Standardizer {
     }
     if (temperature == 1.0) {
       const auto min_key = static_cast<U>(options_.min_p * static_cast<double>(maximum));
+      // The keys are the weights when no conversion is needed: top-p reads them in place.
+      const T* key_weights = nullptr;
+      if constexpr (std::is_same_v<U, T>) key_weights = probabilities.data();
       return finish(
           probabilities, out, U(0), min_key, use_min_p, static_cast<T>(maximum),
           [probabilities](std::size_t j) { return static_cast<T>(probabilities[j]); },
           [probabilities](std::span<T> all) {
             std::transform(probabilities.begin(), probabilities.end(), all.begin(),
                            [](U value) { return static_cast<T>(value); });
-          });
+          },
+          key_weights);
     }
     const double inverse_temperature = 1.0 / temperature;
     if (!(inverse_temperature <= static_cast<double>(std::numeric_limits<T>::max()))) {
@@ -329,7 +338,8 @@ class Standardizer {
   // min_key.
   template <class U, class WeightOf, class FillAll>
   double finish(std::span<const U> key, std::span<T> out, U floor, U min_key, bool use_min_p,
-                T top_weight, WeightOf weight_of, FillAll fill_all) {
+                T top_weight, WeightOf weight_of, FillAll fill_all,
+                const T* key_weights = nullptr) {
     const std::size_t size = key.size();
     const std::size_t k = options_.top_k;
     if (k != 0 && k < size) {
@@ -356,8 +366,30 @@ class Standardizer {
       for (auto it = index_.begin(); it != kept; ++it) out[*it] *= scale;
       return static_cast<double>(top_weight) / total;
     }
+    if (options_.top_p < 1.0 && !use_min_p) {
+      // Top-p alone: the nucleus from the weights (the keys themselves at T = 1, else
+      // written into `out` first), then one pass writing the kept weights normalised by
+      // the nucleus mass.
+      const T* weights = key_weights;
+      if (weights == nullptr) {
+        fill_all(out);
+        weights = out.data();
+      }
+      const auto kept = find_nucleus(key, std::span<const T>(weights, size), floor, top_weight);
+      if (!(kept.mass > 0.0)) {
+        std::fill(out.begin(), out.end(), T(0));
+        return 0.0;
+      }
+      detail::nucleus_keep(key.data(), weights, out.data(), size, kept.last_key, kept.last,
+                           static_cast<T>(1.0 / kept.mass));
+      return static_cast<double>(top_weight) / kept.mass;
+    }
     fill_all(out);
-    if (options_.top_p < 1.0) keep_nucleus(key, out, floor, top_weight);
+    if (options_.top_p < 1.0) {
+      const auto kept = find_nucleus(key, std::span<const T>(out), floor, top_weight);
+      detail::nucleus_keep(key.data(), out.data(), out.data(), size, kept.last_key, kept.last,
+                           T(1));
+    }
     if (use_min_p) {
       for (std::size_t j = 0; j < size; ++j) out[j] = key[j] >= min_key ? out[j] : T(0);
     }
@@ -552,9 +584,20 @@ class Standardizer {
     }
   }
 
-  // Top-p over a full row of weights: zeroes every token ranked after the nucleus.
+  // The nucleus of a row: the tokens ranked up to the one at `last` (key last_key), and
+  // their mass: the buckets above the boundary's, then the boundary's kept tokens in id
+  // order (one order of additions on every platform and kernel path).
   template <class U>
-  void keep_nucleus(std::span<const U> key, std::span<T> weights, U floor, T top_weight) {
+  struct nucleus {
+    U last_key;
+    std::size_t last;
+    double mass;
+  };
+
+  // Top-p over a full row of weights (monotone in the keys): finds the nucleus.
+  template <class U>
+  nucleus<U> find_nucleus(std::span<const U> key, std::span<const T> weights, U floor,
+                          T top_weight) {
     const std::size_t size = key.size();
     // Histogram of the mass over buckets of width 2^(1/16) below the top weight (binary
     // exponent and 4 mantissa bits; detail::nucleus_histogram). Weights are monotone in the
@@ -563,7 +606,8 @@ class Standardizer {
     constexpr std::size_t buckets = detail::nucleus_buckets;
     const auto top_code = static_cast<std::int32_t>(detail::magnitude_code(top_weight));
     histogram_.assign(2 * detail::nucleus_histogram_size, 0.0);
-    detail::nucleus_histogram(weights.data(), size, top_code, histogram_.data());
+    codes_.resize(size);
+    detail::nucleus_histogram(weights.data(), size, top_code, histogram_.data(), codes_.data());
     double total = 0.0;
     for (std::size_t b = 0; b < buckets; ++b) {
       histogram_[b] += histogram_[detail::nucleus_histogram_size + b];
@@ -577,19 +621,21 @@ class Standardizer {
       above += histogram_[boundary];
     }
     index_.clear();
-    detail::nucleus_collect(weights.data(), size, top_code, static_cast<std::int32_t>(boundary),
-                            index_);
+    detail::nucleus_collect(codes_.data(), size, static_cast<std::uint16_t>(boundary), index_);
     auto [end, reached] = nucleus_end(key, weights, index_.begin(), index_.end(), needed - above);
     if (!reached || index_.empty()) {  // rounding: rank every possible token instead
       index_.clear();
       for (std::size_t j = 0; j < size; ++j) {
         if (key[j] > floor && weights[j] > T(0)) index_.push_back(static_cast<std::uint32_t>(j));
       }
+      above = 0.0;
       end = nucleus_end(key, weights, index_.begin(), index_.end(), needed).first;
     }
-    // Keep exactly the tokens ranked up to the last one of the nucleus.
     const std::uint32_t last = *(end - 1);
-    detail::nucleus_keep(key.data(), weights.data(), size, key[last], last);
+    std::sort(index_.begin(), end);
+    double mass = above;
+    for (auto it = index_.begin(); it != end; ++it) mass += static_cast<double>(weights[*it]);
+    return {key[last], last, mass};
   }
 
   // Ranks [first, last) (higher key first, lower id first) far enough to find the end of
@@ -631,9 +677,10 @@ class Standardizer {
 
   SamplingOptions options_;
   std::vector<std::uint32_t> index_;
-  std::vector<double> block_max_;    // apply_sparse: maxima of blocks of select_block keys
-  std::vector<double> block_order_;  // their selection
-  std::vector<double> histogram_;    // keep_nucleus: two histograms of bucket masses
+  std::vector<double> block_max_;     // apply_sparse: maxima of blocks of select_block keys
+  std::vector<double> block_order_;   // their selection
+  std::vector<double> histogram_;     // find_nucleus: two histograms of bucket masses
+  std::vector<std::uint16_t> codes_;  // find_nucleus: the bucket of every entry
 };
 
 /// Convenience: the standardized copy of one row (allocates; use a Standardizer in loops).

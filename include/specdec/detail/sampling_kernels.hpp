@@ -3,14 +3,17 @@
 // that top-k and top-p use.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <vector>
 
+#include "specdec/detail/vector_math.hpp"
 #include "specdec/kernel_path.hpp"
 
 namespace specdec::detail {
@@ -180,9 +183,10 @@ template <class T>
 }
 
 // ---------------------------------------------------------------------------------------
-// Top-p over a full row (Standardizer::keep_nucleus): a histogram pass, a collection pass
-// and a masking pass, each over chunks of nucleus_chunk entries whose bucket codes are
-// computed in a vectorizable loop, dispatched to AVX2 (kernel_path.hpp). Bucket b holds
+// Top-p over a full row (Standardizer::keep_nucleus): a histogram pass (which also writes
+// each entry's bucket, 2 bytes per entry), a collection pass over those buckets and a pass
+// writing the kept weights normalised, each vectorized over chunks of nucleus_chunk entries
+// and dispatched to AVX2 (kernel_path.hpp). Bucket b holds
 // the weights whose magnitude_code is b below the top weight's (width 2^(1/16)); the last
 // bucket also takes everything smaller, bucket nucleus_buckets the entries with no weight
 // (zero, negative or NaN).
@@ -221,15 +225,20 @@ SPECDEC_KERNEL_INLINE std::int32_t nucleus_bucket(T weight, std::int32_t top_cod
 
 /// Adds every weight into its bucket of two histograms (`mass`: 2 nucleus_histogram_size
 /// zeroed doubles), even entries into the first, odd ones into the second (two independent
-/// chains of additions; the caller adds the two).
+/// chains of additions; the caller adds the two), and writes each entry's bucket to
+/// `codes` (one per entry), which the collection pass reads instead of the weights.
 template <class T>
 SPECDEC_KERNEL_INLINE void nucleus_histogram_body(const T* weights, std::size_t size,
-                                                  std::int32_t top_code, double* mass) noexcept {
+                                                  std::int32_t top_code, double* mass,
+                                                  std::uint16_t* codes) noexcept {
   double* const odd = mass + nucleus_histogram_size;
   std::array<std::int32_t, nucleus_chunk> bucket;
   std::size_t j = 0;
   for (; j + nucleus_chunk <= size; j += nucleus_chunk) {
     nucleus_chunk_buckets(weights + j, top_code, bucket.data());
+    for (std::size_t k = 0; k < nucleus_chunk; ++k) {
+      codes[j + k] = static_cast<std::uint16_t>(bucket[k]);
+    }
     for (std::size_t k = 0; k < nucleus_chunk; k += 2) {
       // Entries without weight land in the discarded last bucket, whatever they hold.
       mass[bucket[k]] += static_cast<double>(weights[j + k]);
@@ -237,60 +246,95 @@ SPECDEC_KERNEL_INLINE void nucleus_histogram_body(const T* weights, std::size_t 
     }
   }
   for (; j < size; ++j) {
-    mass[nucleus_bucket(weights[j], top_code)] += static_cast<double>(weights[j]);
+    const std::int32_t b = nucleus_bucket(weights[j], top_code);
+    codes[j] = static_cast<std::uint16_t>(b);
+    mass[b] += static_cast<double>(weights[j]);
   }
 }
 
-/// Appends the ids of the entries of bucket `wanted` (< nucleus_buckets), in order.
-template <class T>
-SPECDEC_KERNEL_INLINE void nucleus_collect_body(const T* weights, std::size_t size,
-                                                std::int32_t top_code, std::int32_t wanted,
+/// Appends the ids of the entries whose code (nucleus_histogram) is `wanted`, in order.
+SPECDEC_KERNEL_INLINE void nucleus_collect_body(const std::uint16_t* codes, std::size_t size,
+                                                std::uint16_t wanted,
                                                 std::vector<std::uint32_t>& ids) {
-  std::array<std::int32_t, nucleus_chunk> bucket;
   std::size_t j = 0;
   for (; j + nucleus_chunk <= size; j += nucleus_chunk) {
-    nucleus_chunk_buckets(weights + j, top_code, bucket.data());
-    std::int32_t found = 0;
-    for (std::size_t k = 0; k < nucleus_chunk; ++k) found |= bucket[k] == wanted ? 1 : 0;
+    std::uint32_t found = 0;
+    for (std::size_t k = 0; k < nucleus_chunk; ++k) found |= codes[j + k] == wanted ? 1U : 0U;
     if (found == 0) continue;
     for (std::size_t k = 0; k < nucleus_chunk; ++k) {
-      if (bucket[k] == wanted) ids.push_back(static_cast<std::uint32_t>(j + k));
+      if (codes[j + k] == wanted) ids.push_back(static_cast<std::uint32_t>(j + k));
     }
   }
   for (; j < size; ++j) {
-    if (nucleus_bucket(weights[j], top_code) == wanted)
-      ids.push_back(static_cast<std::uint32_t>(j));
+    if (codes[j] == wanted) ids.push_back(static_cast<std::uint32_t>(j));
   }
 }
 
-/// Zeroes the weight of every token ranked after `last` (a key below last_key, or equal to
-/// it at a higher id): the tokens kept are the nucleus.
-template <class U, class T>
-SPECDEC_KERNEL_INLINE void nucleus_keep_body(const U* key, T* weights, std::size_t size, U last_key,
-                                             std::size_t last) noexcept {
-  for (std::size_t j = 0; j < size; ++j) {
-    const U value = key[j];
-    const bool kept = (value > last_key) | ((value == last_key) & (j <= last));
-    weights[j] = kept ? weights[j] : T(0);
+/// out[j] = kept ? weights[j] * scale : 0 over [first, last), kept = key >= bound (Inclusive)
+/// or key > bound: one comparison and a select per entry, in packs of `Bytes` when the keys
+/// and weights have one type (`weights` may be `out`: each pack is loaded before it is
+/// stored).
+template <std::size_t Bytes, bool Inclusive, class U, class T>
+SPECDEC_KERNEL_INLINE void nucleus_keep_range(const U* key, const T* weights, T* out,
+                                              std::size_t first, std::size_t last, U bound,
+                                              T scale) noexcept {
+  std::size_t j = first;
+#if SPECDEC_VECTOR_MATH_PACKS
+  if constexpr (std::is_same_v<U, T>) {
+    using pack = pack_t<T, Bytes>;
+    constexpr std::size_t width = Bytes / sizeof(T);
+    for (; j + width <= last; j += width) {
+      pack k;
+      pack w;
+      std::memcpy(&k, key + j, sizeof k);
+      std::memcpy(&w, weights + j, sizeof w);
+      w *= scale;
+      if constexpr (Inclusive) {
+        w = k >= bound ? w : pack{};
+      } else {
+        w = k > bound ? w : pack{};
+      }
+      std::memcpy(out + j, &w, sizeof w);
+    }
   }
+#endif
+  for (; j < last; ++j) {
+    const U value = key[j];
+    const bool kept = Inclusive ? value >= bound : value > bound;
+    const T scaled = weights[j] * scale;
+    out[j] = kept ? scaled : T(0);
+  }
+}
+
+/// out[j] = weights[j] * scale for the tokens ranked up to `last` (a key above last_key, or
+/// equal to it at an id <= last): the nucleus, normalised; 0 for every other token.
+/// `weights` may be `out` or, at T = 1, the keys themselves.
+template <std::size_t Bytes, class U, class T>
+SPECDEC_KERNEL_INLINE void nucleus_keep_body(const U* key, const T* weights, T* out,
+                                             std::size_t size, U last_key, std::size_t last,
+                                             T scale) noexcept {
+  // Ids up to `last` keep last_key's ties, ids after it do not.
+  const std::size_t split = std::min(size, last + 1);
+  nucleus_keep_range<Bytes, true>(key, weights, out, 0, split, last_key, scale);
+  nucleus_keep_range<Bytes, false>(key, weights, out, split, size, last_key, scale);
 }
 
 #if SPECDEC_DISPATCH_AVX2
 template <class T>
 SPECDEC_TARGET_AVX2 void nucleus_histogram_avx2(const T* weights, std::size_t size,
-                                                std::int32_t top_code, double* mass) noexcept {
-  nucleus_histogram_body(weights, size, top_code, mass);
+                                                std::int32_t top_code, double* mass,
+                                                std::uint16_t* codes) noexcept {
+  nucleus_histogram_body(weights, size, top_code, mass, codes);
 }
-template <class T>
-SPECDEC_TARGET_AVX2 void nucleus_collect_avx2(const T* weights, std::size_t size,
-                                              std::int32_t top_code, std::int32_t wanted,
-                                              std::vector<std::uint32_t>& ids) {
-  nucleus_collect_body(weights, size, top_code, wanted, ids);
+SPECDEC_TARGET_AVX2 inline void nucleus_collect_avx2(const std::uint16_t* codes, std::size_t size,
+                                                     std::uint16_t wanted,
+                                                     std::vector<std::uint32_t>& ids) {
+  nucleus_collect_body(codes, size, wanted, ids);
 }
 template <class U, class T>
-SPECDEC_TARGET_AVX2 void nucleus_keep_avx2(const U* key, T* weights, std::size_t size, U last_key,
-                                           std::size_t last) noexcept {
-  nucleus_keep_body(key, weights, size, last_key, last);
+SPECDEC_TARGET_AVX2 void nucleus_keep_avx2(const U* key, const T* weights, T* out, std::size_t size,
+                                           U last_key, std::size_t last, T scale) noexcept {
+  nucleus_keep_body<32>(key, weights, out, size, last_key, last, scale);
 }
 #endif
 
@@ -298,46 +342,44 @@ SPECDEC_TARGET_AVX2 void nucleus_keep_avx2(const U* key, T* weights, std::size_t
 // dispatching call site, which would double the code the compiler optimizes).
 template <class T>
 inline void nucleus_histogram_portable(const T* weights, std::size_t size, std::int32_t top_code,
-                                       double* mass) noexcept {
-  nucleus_histogram_body(weights, size, top_code, mass);
+                                       double* mass, std::uint16_t* codes) noexcept {
+  nucleus_histogram_body(weights, size, top_code, mass, codes);
 }
 
-template <class T>
-inline void nucleus_collect_portable(const T* weights, std::size_t size, std::int32_t top_code,
-                                     std::int32_t wanted, std::vector<std::uint32_t>& ids) {
-  nucleus_collect_body(weights, size, top_code, wanted, ids);
+inline void nucleus_collect_portable(const std::uint16_t* codes, std::size_t size,
+                                     std::uint16_t wanted, std::vector<std::uint32_t>& ids) {
+  nucleus_collect_body(codes, size, wanted, ids);
 }
 
 template <class U, class T>
-inline void nucleus_keep_portable(const U* key, T* weights, std::size_t size, U last_key,
-                                  std::size_t last) noexcept {
-  nucleus_keep_body(key, weights, size, last_key, last);
+inline void nucleus_keep_portable(const U* key, const T* weights, T* out, std::size_t size,
+                                  U last_key, std::size_t last, T scale) noexcept {
+  nucleus_keep_body<16>(key, weights, out, size, last_key, last, scale);
 }
 
 /// The three passes on the active kernel path (the same results on every path).
 template <class T>
 inline void nucleus_histogram(const T* weights, std::size_t size, std::int32_t top_code,
-                              double* mass) noexcept {
+                              double* mass, std::uint16_t* codes) noexcept {
 #if SPECDEC_DISPATCH_AVX2
-  if (use_avx2()) return nucleus_histogram_avx2(weights, size, top_code, mass);
+  if (use_avx2()) return nucleus_histogram_avx2(weights, size, top_code, mass, codes);
 #endif
-  nucleus_histogram_portable(weights, size, top_code, mass);
+  nucleus_histogram_portable(weights, size, top_code, mass, codes);
 }
-template <class T>
-inline void nucleus_collect(const T* weights, std::size_t size, std::int32_t top_code,
-                            std::int32_t wanted, std::vector<std::uint32_t>& ids) {
+inline void nucleus_collect(const std::uint16_t* codes, std::size_t size, std::uint16_t wanted,
+                            std::vector<std::uint32_t>& ids) {
 #if SPECDEC_DISPATCH_AVX2
-  if (use_avx2()) return nucleus_collect_avx2(weights, size, top_code, wanted, ids);
+  if (use_avx2()) return nucleus_collect_avx2(codes, size, wanted, ids);
 #endif
-  nucleus_collect_portable(weights, size, top_code, wanted, ids);
+  nucleus_collect_portable(codes, size, wanted, ids);
 }
 template <class U, class T>
-inline void nucleus_keep(const U* key, T* weights, std::size_t size, U last_key,
-                         std::size_t last) noexcept {
+inline void nucleus_keep(const U* key, const T* weights, T* out, std::size_t size, U last_key,
+                         std::size_t last, T scale) noexcept {
 #if SPECDEC_DISPATCH_AVX2
-  if (use_avx2()) return nucleus_keep_avx2(key, weights, size, last_key, last);
+  if (use_avx2()) return nucleus_keep_avx2(key, weights, out, size, last_key, last, scale);
 #endif
-  nucleus_keep_portable(key, weights, size, last_key, last);
+  nucleus_keep_portable(key, weights, out, size, last_key, last, scale);
 }
 
 /// Strict total order on token ids of a row: higher probability first, lower id first
