@@ -49,6 +49,7 @@
 #include "specdec/sampling.hpp"
 #include "specdec/speculative_decoder.hpp"
 #include "support/counting_allocator.hpp"
+#include "support/statistics.hpp"
 
 namespace {
 
@@ -74,13 +75,8 @@ struct RowBank {
     std::vector<double> perturbed(vocab);
     for (std::size_t r = 0; r < distinct_rows; ++r) {
       for (std::size_t j = 0; j < vocab; ++j) {
-        const auto normal = [&g] {
-          const double u1 = specdec::uniform01<double>(g);
-          const double u2 = specdec::uniform01<double>(g);
-          return std::sqrt(-2.0 * std::log(1.0 - u1)) * std::cos(6.283185307179586 * u2);
-        };
-        logits[j] = 2.5 * normal();
-        perturbed[j] = logits[j] + 0.35 * normal();
+        logits[j] = 2.5 * specdec::testing::standard_normal(g);
+        perturbed[j] = logits[j] + 0.35 * specdec::testing::standard_normal(g);
       }
       // Greedy drafts agree with the target's argmax except at position 3 (mod 8), where
       // the draft's argmax is the target's second choice.

@@ -20,6 +20,7 @@
 #include "specdec/kernel_path.hpp"
 #include "specdec/random.hpp"
 #include "specdec/sampling.hpp"
+#include "support/statistics.hpp"
 
 namespace {
 
@@ -232,10 +233,7 @@ TEMPLATE_TEST_CASE("kernel_path: every path standardizes top-p rows bitwise", "[
     std::vector<T> row(size);
     double total = 0.0;
     for (std::size_t j = 0; j < size; ++j) {
-      const double u1 = specdec::uniform01<double>(g);
-      const double u2 = specdec::uniform01<double>(g);
-      const double normal = std::sqrt(-2.0 * std::log(1.0 - u1)) * std::cos(6.283185307179586 * u2);
-      row[j] = static_cast<T>(std::exp(2.5 * normal));
+      row[j] = static_cast<T>(std::exp(2.5 * specdec::testing::standard_normal(g)));
       if (trial % 3 == 1 && j % 5 == 0) row[j] = T(0);
       if (trial % 3 == 2 && j > 0 && j % 3 == 0) row[j] = row[j - 1];  // ties
       total += static_cast<double>(row[j]);

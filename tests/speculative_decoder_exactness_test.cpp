@@ -287,6 +287,42 @@ struct ScaledDraft {
   }
 };
 
+/// The T = 1 law of decoders over `target_model` drafting with `drafter`: chi-square for
+/// gamma 1, 3 and 6, a batched target (rows in place) and a per-prefix one, FixedGamma and
+/// ConfidenceStop (which reads the draft's top probability).
+template <class Drafter>
+void check_law_at_unit_temperature(const MarkovModel<double>& target_model, Drafter& drafter,
+                                   bool validate_rows, std::uint64_t& seed) {
+  BatchedMarkovModel<double> batched(target_model);
+  auto per_prefix = target_model;
+  const SequenceLaw law(target_model, SamplingOptions{}, 3);
+  const std::size_t samples = samples_for(law);
+  for (const std::size_t gamma : {1U, 3U, 6U}) {
+    for (const bool use_batched : {true, false}) {
+      for (const bool confidence_stop : {false, true}) {
+        specdec::DecoderOptions options{.validate_rows = validate_rows};
+        if (confidence_stop) {
+          options.gamma_policy = specdec::ConfidenceStop(0.3, gamma);
+        } else {
+          options.gamma_policy = specdec::FixedGamma(gamma);
+        }
+        INFO("gamma " << gamma << (use_batched ? ", batched" : ", per prefix")
+                      << (confidence_stop ? ", ConfidenceStop" : ""));
+        specdec::testing::ChiSquareResult result;
+        if (use_batched) {
+          specdec::SpeculativeDecoder decoder(batched, drafter, options);
+          result = sample_decoder(decoder, law, samples, ++seed);
+        } else {
+          specdec::SpeculativeDecoder decoder(per_prefix, drafter, options);
+          result = sample_decoder(decoder, law, samples, ++seed);
+        }
+        INFO(result.describe());
+        CHECK(result.passed());
+      }
+    }
+  }
+}
+
 }  // namespace
 
 TEST_CASE("SpeculativeDecoder exactness: unnormalised draft rows at T = 1",
@@ -298,34 +334,7 @@ TEST_CASE("SpeculativeDecoder exactness: unnormalised draft rows at T = 1",
   const std::size_t vocab = 16;
   const auto target_model = make_markov_target(vocab, 2, ++seed);
   ScaledDraft draft{make_markov_draft(target_model, ++seed)};
-  BatchedMarkovModel<double> batched(target_model);
-  auto per_prefix = target_model;
-  const SequenceLaw law(target_model, SamplingOptions{}, 3);
-  const std::size_t samples = samples_for(law);
-  for (const std::size_t gamma : {1U, 3U, 6U}) {
-    for (const bool use_batched : {true, false}) {
-      for (const bool confidence_stop : {false, true}) {
-        specdec::DecoderOptions options{.validate_rows = false};
-        if (confidence_stop) {
-          options.gamma_policy = specdec::ConfidenceStop(0.3, gamma);  // reads top q
-        } else {
-          options.gamma_policy = specdec::FixedGamma(gamma);
-        }
-        INFO("gamma " << gamma << (use_batched ? ", batched" : ", per prefix")
-                      << (confidence_stop ? ", ConfidenceStop" : ""));
-        specdec::testing::ChiSquareResult result;
-        if (use_batched) {
-          specdec::SpeculativeDecoder decoder(batched, draft, options);
-          result = sample_decoder(decoder, law, samples, ++seed);
-        } else {
-          specdec::SpeculativeDecoder decoder(per_prefix, draft, options);
-          result = sample_decoder(decoder, law, samples, ++seed);
-        }
-        INFO(result.describe());
-        CHECK(result.passed());
-      }
-    }
-  }
+  check_law_at_unit_temperature(target_model, draft, false, seed);
 }
 
 TEST_CASE("SpeculativeDecoder exactness: ignoring the draft normaliser is caught",
@@ -410,36 +419,12 @@ TEST_CASE("SpeculativeDecoder exactness: stable draft rows read in place",
   const auto target_model = make_markov_target(vocab, 2, ++seed);
   StableMarkovModel<double> draft(make_markov_draft(target_model, ++seed));
   StableScaledDraft scaled_draft(make_markov_draft(target_model, ++seed));
-  BatchedMarkovModel<double> batched(target_model);
-  auto per_prefix = target_model;
-  const SequenceLaw law(target_model, SamplingOptions{}, 3);
-  const std::size_t samples = samples_for(law);
-  for (const std::size_t gamma : {1U, 3U, 6U}) {
-    for (const bool scaled : {false, true}) {
-      for (const bool use_batched : {true, false}) {
-        specdec::DecoderOptions options{.validate_rows = !scaled};
-        if (gamma == 3) {
-          options.gamma_policy = specdec::ConfidenceStop(0.3, gamma);  // reads top q
-        } else {
-          options.gamma_policy = specdec::FixedGamma(gamma);
-        }
-        INFO("gamma " << gamma << (scaled ? ", unnormalised" : "")
-                      << (use_batched ? ", batched" : ", per prefix"));
-        specdec::testing::ChiSquareResult result;
-        const auto run = [&](auto& target, auto& drafter) {
-          specdec::SpeculativeDecoder decoder(target, drafter, options);
-          return sample_decoder(decoder, law, samples, ++seed);
-        };
-        if (use_batched) {
-          result = scaled ? run(batched, scaled_draft) : run(batched, draft);
-        } else {
-          result = scaled ? run(per_prefix, scaled_draft) : run(per_prefix, draft);
-        }
-        INFO(result.describe());
-        CHECK(result.passed());
-      }
-    }
+  {
+    INFO("normalised rows");
+    check_law_at_unit_temperature(target_model, draft, true, seed);
   }
+  INFO("unnormalised rows");
+  check_law_at_unit_temperature(target_model, scaled_draft, false, seed);
 }
 
 TEST_CASE("SpeculativeDecoder exactness: a draft breaking the stable_rows promise is caught",

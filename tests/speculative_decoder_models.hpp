@@ -16,6 +16,7 @@
 #include "specdec/draft_tree.hpp"
 #include "specdec/random.hpp"
 #include "specdec/rows.hpp"
+#include "support/statistics.hpp"
 
 namespace specdec::testing {
 
@@ -38,10 +39,7 @@ class MarkovModel {
     for (std::size_t s = 0; s < states; ++s) {
       std::vector<double> row(vocab);
       for (auto& x : row) {
-        const double u1 = uniform01<double>(g);
-        const double u2 = uniform01<double>(g);
-        const double normal =
-            std::sqrt(-2.0 * std::log(1.0 - u1)) * std::cos(6.283185307179586 * u2);
+        const double normal = standard_normal(g);
         x = uniform01<double>(g) < zero_fraction ? 0.0 : std::exp(sharpness * normal);
       }
       if (*std::max_element(row.begin(), row.end()) == 0.0) row[uniform_below(g, vocab)] = 1.0;

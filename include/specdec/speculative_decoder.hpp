@@ -1054,13 +1054,14 @@ class SpeculativeDecoder {
   template <class U, class G>
   token_id draft_identity(std::span<const U> row, std::size_t i, G& g, bool want_top,
                           double& top_probability) {
-    constexpr bool in_place = draft_rows_in_place && std::is_same_v<U, value_type>;
-    [[maybe_unused]] value_type* const copy =
-        in_place ? nullptr : draft_rows_.data() + i * vocab_size_;
+    constexpr bool in_place = draft_rows_in_place;
+    static_assert(!in_place || std::is_same_v<U, value_type>);  // implied by draft_rows_in_place
+    [[maybe_unused]] value_type* copy = nullptr;
     const value_type* q = nullptr;
     if constexpr (in_place) {
       q = row.data();
     } else {
+      copy = draft_rows_.data() + i * vocab_size_;
       q = copy;
     }
     draft_row_at_[i] = q;
@@ -1076,11 +1077,7 @@ class SpeculativeDecoder {
       detail::build_mass_table(source, table,
                                [&](std::size_t first, std::size_t count) SPECDEC_LAMBDA_INLINE {
                                  const U* in = row.data() + first;
-                                 if constexpr (in_place) {
-                                   // the table's own pass reads the row
-                                 } else if constexpr (std::is_same_v<U, value_type>) {
-                                   std::copy_n(in, count, copy + first);
-                                 } else {
+                                 if constexpr (!in_place) {
                                    for (std::size_t j = 0; j < count; ++j)
                                      copy[first + j] = static_cast<value_type>(in[j]);
                                  }
@@ -1228,13 +1225,9 @@ class SpeculativeDecoder {
     std::size_t n = 0;
     if constexpr (draft_is_model) {
       // Unchecked entries: in-place rows are validated after the decisions (see above).
-      n = detail::accept_drafts_with<false>(
-          drafts,
-          [&](std::size_t i, std::size_t x) { return static_cast<double>(target_rows(i, x)); },
-          [&](std::size_t i, std::size_t x) {
-            return static_cast<double>(draft_row_at_[i][x]) * draft_scales_[i];
-          },
-          g, lenience);
+      const auto draft_rows = [this](std::size_t i, std::size_t x) { return draft_row_at_[i][x]; };
+      n = detail::accept_drafts<false>(drafts, draft_rows, draft_scales_.data(), target_rows, g,
+                                       lenience);
     } else {
       n = detail::accept_proposals<false>(drafts, target_rows, g, lenience);
     }

@@ -101,10 +101,11 @@ template <bool CheckedEntries = true, class G, class TargetAt>
 }
 
 /// accept_drafts_with over dense rows, q_i(x) = draft_rows(i, x) * scales[i] (the decoder
-/// keeps its draft rows at T = 1 unnormalised and their normalisers as scalars).
-template <bool CheckedEntries = true, class T, class G, class Scales>
+/// keeps its draft rows at T = 1 unnormalised and their normalisers as scalars). `draft_rows`
+/// is a RowsView or any (i, x) accessor (the decoder's rows may each live elsewhere).
+template <bool CheckedEntries = true, class T, class DraftRows, class G, class Scales>
 [[nodiscard]] std::size_t accept_drafts(std::span<const token_id> draft_tokens,
-                                        RowsView<const T> draft_rows, const Scales& scales,
+                                        const DraftRows& draft_rows, const Scales& scales,
                                         RowsView<const T> target_rows, G& g, double lenience) {
   return accept_drafts_with<CheckedEntries>(
       draft_tokens,

@@ -10,15 +10,24 @@
 #pragma once
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <numeric>
 #include <vector>
 
+#include "specdec/random.hpp"
 #include "specdec/statistics.hpp"
 
 namespace specdec::testing {
 
 using namespace specdec::stats;  // NOLINT(google-build-using-namespace): one statistic
+
+/// A standard normal draw (Box-Muller, one of the pair), for rows of Gaussian logits.
+inline double standard_normal(xoshiro256pp& g) {
+  const double u1 = uniform01<double>(g);
+  const double u2 = uniform01<double>(g);
+  return std::sqrt(-2.0 * std::log(1.0 - u1)) * std::cos(6.283185307179586 * u2);
+}
 
 /// Groups tokens for a chi-square over a large vocabulary: the `individual` most likely
 /// tokens get their own bucket, the rest are split in id order into `groups` buckets of
