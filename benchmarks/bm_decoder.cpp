@@ -21,7 +21,8 @@
 // (the draft's argmax differs from the target's at the fourth position: 3 drafts accepted
 // and a correction every step); "checks 0" turns validate_rows and collect_beta off (the
 // cheapest configuration; the peer never checks). "kernels 1" runs the best kernel path the
-// CPU has (kernel_path.hpp: AVX2 where present), "kernels 0" forces the portable kernels.
+// CPU has (kernel_path.hpp: AVX-512, else AVX2, where present), "kernels 0" forces the
+// portable kernels, "kernels 2" the AVX2 kernels (run where the best path is AVX-512).
 // "stable 1" (T = 1 only): the draft declares stable_rows (concepts.hpp), so the decoder
 // reads its rows in place instead of copying each into its workspace.
 #include <benchmark/benchmark.h>
@@ -196,9 +197,11 @@ void decoder_step(benchmark::State& state) {
   const auto sampling_mode = static_cast<mode>(state.range(1));
   const bool checks = state.range(2) != 0;
   const auto where = static_cast<bl::residence>(state.range(3));
-  // kernels 0: the portable kernels forced; 1: the best path this CPU has (kernel_path.hpp).
-  const bool best_kernels = state.range(4) != 0;
-  if (!best_kernels) specdec::force_kernel_path(specdec::kernel_path::portable);
+  // kernels 0: the portable kernels forced; 1: the best path this CPU has (kernel_path.hpp);
+  // 2: the AVX2 kernels forced.
+  const auto kernels = state.range(4);
+  if (kernels == 0) specdec::force_kernel_path(specdec::kernel_path::portable);
+  if (kernels == 2) specdec::force_kernel_path(specdec::kernel_path::avx2);
   const RowBank& rows = bank(vocab);
   PrecomputedTarget target{&rows};
   Draft draft{{&rows}};
@@ -289,6 +292,9 @@ void decoder_arguments(benchmark::internal::Benchmark* benchmark) {
         // same run (rows in cache; top-k's selection is not dispatched).
         if (sampling != 1 && Where == 0) {
           benchmark->Args({vocab, sampling, checks, Where, 0, 0});
+          if (specdec::best_kernel_path() == specdec::kernel_path::avx512) {
+            benchmark->Args({vocab, sampling, checks, Where, 2, 0});
+          }
         }
       }
     }

@@ -41,7 +41,9 @@ bool same_bits(T a, T b) {
 
 std::vector<kernel_path> supported_paths() {
   std::vector<kernel_path> paths{kernel_path::portable};
-  if (specdec::kernel_path_supported(kernel_path::avx2)) paths.push_back(kernel_path::avx2);
+  for (const auto path : {kernel_path::avx2, kernel_path::avx512}) {
+    if (specdec::kernel_path_supported(path)) paths.push_back(path);
+  }
   return paths;
 }
 
@@ -54,10 +56,18 @@ TEST_CASE("kernel_path: the best path is used unless one is forced", "[kernel_pa
   CHECK(specdec::active_kernel_path() == specdec::best_kernel_path());
   CHECK(specdec::to_string(kernel_path::portable) == "portable");
   CHECK(specdec::to_string(kernel_path::avx2) == "avx2");
+  CHECK(specdec::to_string(kernel_path::avx512) == "avx512");
 #if SPECDEC_DISPATCH_AVX2
-  // On x86 with GCC or Clang the best path follows the CPU.
+  // On x86 with GCC or Clang the best path follows the CPU: AVX-512 (F, BW, DQ, VL), else
+  // AVX2, else portable.
+  const bool avx512 = __builtin_cpu_supports("avx512f") != 0 &&
+                      __builtin_cpu_supports("avx512bw") != 0 &&
+                      __builtin_cpu_supports("avx512dq") != 0 &&
+                      __builtin_cpu_supports("avx512vl") != 0;
+  CHECK(specdec::kernel_path_supported(kernel_path::avx512) == avx512);
+  CHECK((specdec::best_kernel_path() == kernel_path::avx512) == avx512);
   CHECK((specdec::best_kernel_path() == kernel_path::avx2) ==
-        (__builtin_cpu_supports("avx2") != 0));
+        (!avx512 && __builtin_cpu_supports("avx2") != 0));
 #else
   CHECK(specdec::best_kernel_path() == kernel_path::portable);
 #endif
@@ -65,26 +75,32 @@ TEST_CASE("kernel_path: the best path is used unless one is forced", "[kernel_pa
   CHECK(before == specdec::best_kernel_path());
   CHECK(specdec::active_kernel_path() == kernel_path::portable);
   CHECK(!specdec::detail::use_avx2());
+  CHECK(!specdec::detail::use_avx512());
   specdec::reset_kernel_path();
   CHECK(specdec::active_kernel_path() == specdec::best_kernel_path());
 }
 
 TEST_CASE("kernel_path: forcing a path the CPU lacks throws and changes nothing", "[kernel_path]") {
   const ResetKernelPath reset;
-  if (specdec::kernel_path_supported(kernel_path::avx2)) {
-    CHECK(specdec::force_kernel_path(kernel_path::avx2) == specdec::best_kernel_path());
-    CHECK(specdec::active_kernel_path() == kernel_path::avx2);
-    CHECK(specdec::detail::use_avx2());
-  } else {
-    specdec::force_kernel_path(kernel_path::portable);
-    try {
-      specdec::force_kernel_path(kernel_path::avx2);
-      FAIL("forcing an unsupported path did not throw");
-    } catch (const specdec::error& e) {
-      CHECK(e.code() == specdec::errc::invalid_option);
-      CHECK(std::string(e.what()).find("avx2") != std::string::npos);
+  for (const auto path : {kernel_path::avx2, kernel_path::avx512}) {
+    INFO("path " << specdec::to_string(path));
+    specdec::reset_kernel_path();
+    if (specdec::kernel_path_supported(path)) {
+      CHECK(specdec::force_kernel_path(path) == specdec::best_kernel_path());
+      CHECK(specdec::active_kernel_path() == path);
+      CHECK(specdec::detail::use_avx2() == (path == kernel_path::avx2));
+      CHECK(specdec::detail::use_avx512() == (path == kernel_path::avx512));
+    } else {
+      specdec::force_kernel_path(kernel_path::portable);
+      try {
+        specdec::force_kernel_path(path);
+        FAIL("forcing an unsupported path did not throw");
+      } catch (const specdec::error& e) {
+        CHECK(e.code() == specdec::errc::invalid_option);
+        CHECK(std::string(e.what()).find(specdec::to_string(path)) != std::string::npos);
+      }
+      CHECK(specdec::active_kernel_path() == kernel_path::portable);
     }
-    CHECK(specdec::active_kernel_path() == kernel_path::portable);
   }
 }
 
@@ -229,7 +245,9 @@ TEMPLATE_TEST_CASE("kernel_path: every path standardizes top-p rows bitwise", "[
       {.temperature = 0.8, .top_p = 0.85, .min_p = 0.02},
   };
   for (int trial = 0; trial < 160; ++trial) {
-    const std::size_t size = 1 + specdec::uniform_below(g, 3000);
+    // One row in five is a long one (language-model vocabularies).
+    const std::size_t size = trial % 5 == 4 ? 8192 + specdec::uniform_below(g, 40000)
+                                            : 1 + specdec::uniform_below(g, 3000);
     std::vector<T> row(size);
     double total = 0.0;
     for (std::size_t j = 0; j < size; ++j) {

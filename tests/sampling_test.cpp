@@ -23,6 +23,7 @@
 #include "specdec/sampling.hpp"
 #include "specdec/tree_verification.hpp"
 #include "support/kernel_path_listener.hpp"
+#include "support/statistics.hpp"
 
 namespace {
 
@@ -318,38 +319,44 @@ TEMPLATE_TEST_CASE("Standardizer: top-p on long rows of every shape keeps the sh
   // The histogram, collection and masking kernels of top-p work on chunks of 64 entries
   // (dispatched per kernel path): long rows whose weights span many binades (beyond the 64
   // binades of the histogram's buckets, so the clamped last bucket holds mass), flat rows,
-  // one dominant token, many exact ties and zeros. The kept set must be a prefix of the
-  // ranking (higher first, lower id first among ties) whose mass reaches top_p, and one
-  // token shorter must not.
+  // one dominant token, many exact ties and zeros, heavy log-normal tails (the nucleus holds
+  // about a tenth of the tokens). The kept set must be a prefix of the ranking (higher
+  // first, lower id first among ties) whose mass reaches top_p, and one token shorter must
+  // not; the kept weights are the row's, normalised.
   using T = TestType;
   specdec::xoshiro256pp g(2027);
-  for (int trial = 0; trial < 48; ++trial) {
+  for (int trial = 0; trial < 60; ++trial) {
     const std::size_t size =
-        64 * (1 + specdec::uniform_below(g, 300)) + specdec::uniform_below(g, 64);
-    const int shape = trial % 4;
+        64 * (1 + specdec::uniform_below(g, 500)) + specdec::uniform_below(g, 64);
+    const int shape = trial % 5;
     std::vector<T> row(size);
-    for (auto& x : row) {
+    for (std::size_t j = 0; j < size; ++j) {
       const double u = specdec::uniform01<double>(g);
+      double x = 0.0;
       switch (shape) {
         case 0:  // 2^0 .. 2^-90 (float: below 2^-64 of the top the last bucket takes all)
-          x = static_cast<T>(std::exp2(-90.0 * u));
+          x = std::exp2(-90.0 * u);
           break;
         case 1:  // nearly flat
-          x = static_cast<T>(1.0 + 0.01 * u);
+          x = 1.0 + 0.01 * u;
           break;
         case 2:  // eight levels: exact ties everywhere, a quarter zero
-          x = static_cast<T>(std::floor(8.0 * u) / 8.0);
+          x = std::floor(8.0 * u) / 8.0;
           break;
-        default:  // Gaussian-logit softmax shape
-          x = static_cast<T>(std::exp(6.0 * (u - 1.0) * (u + 0.5)));
+        case 3:  // Gaussian-logit softmax shape
+          x = std::exp(6.0 * (u - 1.0) * (u + 0.5));
+          break;
+        default:  // heavy log-normal tail: the nucleus holds about a tenth of the tokens
+          x = std::exp(2.5 * specdec::testing::standard_normal(g));
       }
+      row[j] = static_cast<T>(x);
     }
     if (shape == 3) row[specdec::uniform_below(g, size)] = T(1e4);  // one dominant token
     row[specdec::uniform_below(g, size)] = T(2);                    // a positive maximum
     double total = 0.0;
     for (const T x : row) total += static_cast<double>(x);
     for (auto& x : row) x = static_cast<T>(static_cast<double>(x) / total);
-    const double top_p = 0.05 + 0.9 * specdec::uniform01<double>(g);
+    const double top_p = shape == 4 ? 0.9 : 0.05 + 0.9 * specdec::uniform01<double>(g);
     INFO("trial " << trial << ", shape " << shape << ", V = " << size << ", top_p " << top_p);
     const auto out = standardized(row, {.top_p = top_p});
     std::vector<std::size_t> order;
@@ -371,6 +378,10 @@ TEMPLATE_TEST_CASE("Standardizer: top-p on long rows of every shape keeps the sh
     const double slack = 1e-9 * all;  // sums in a different order
     CHECK(mass >= top_p * all - slack);
     CHECK(mass - last < top_p * all + slack);
+    // The kept weights are the row's, normalised by the kept mass.
+    double kept_total = 0.0;
+    for (const T x : out) kept_total += static_cast<double>(x);
+    CHECK(kept_total == Catch::Approx(1.0).epsilon(1e-5));
   }
 }
 

@@ -1,16 +1,22 @@
 // specdec — which instruction set the row kernels run on.
 //
 // The kernels that touch every entry of a row (tempered weights and softmax: a log and an
-// exp per entry; top-p's histogram; greedy's argmax scan) exist twice on x86-64 with GCC or
-// Clang: the portable build (whatever the translation unit is compiled for, SSE2 by
-// default) and an AVX2 build of the same source, chosen at run time when the CPU has AVX2.
-// Both are compiled without FMA, from the same plain loops, so they compute bitwise
-// identical results: the path changes the speed, never a token. (A build whose own flags
-// enable FMA, e.g. -march=native, may contract multiply-adds differently; its paths then
-// still agree with each other up to those contractions.)
+// exp per entry; top-p's passes; the mass tables of the draws; greedy's argmax scan) exist
+// twice or three times on x86-64 with GCC or Clang: the portable build (whatever the
+// translation unit is compiled for, SSE2 by default), an AVX2 build and, for the log and
+// exp and greedy's argmax scan, an AVX-512 build (F, BW, DQ and VL) of the same source,
+// chosen at run time from what the CPU has; on the AVX-512 path the other kernels run their
+// AVX2 build (detail::use_avx2_build). All are compiled without contracting multiply-adds
+// into FMA (the AVX-512 build forbids it
+// explicitly: GCC's optimize("fp-contract=off") on its functions, Clang's
+// `#pragma clang fp contract(off)` around the kernels' source), from the same plain loops,
+// so they compute bitwise identical results: the path changes the speed, never a token. (A
+// build whose own flags enable FMA, e.g. -march=native, may contract multiply-adds in the
+// portable build under GCC; its paths then still agree with each other up to those
+// contractions.)
 //
-// kernel_path() says which path runs; force_kernel_path() pins one (tests run every
-// sampling path under each; benchmarks compare them). AVX-512 is not dispatched yet.
+// active_kernel_path() says which path runs; force_kernel_path() pins one (tests run every
+// sampling path under each; benchmarks compare them).
 #pragma once
 
 #include <atomic>
@@ -26,6 +32,33 @@
 #else
 #define SPECDEC_DISPATCH_AVX2 0
 #define SPECDEC_TARGET_AVX2
+#endif
+
+#if SPECDEC_DISPATCH_AVX2
+/// 1 when the AVX-512 kernels are compiled in (GCC or Clang on x86).
+#define SPECDEC_DISPATCH_AVX512 1
+#if defined(__clang__)
+/// Attribute of a kernel compiled for AVX-512 (no FMA contraction: see the file comment).
+#define SPECDEC_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
+#else
+#define SPECDEC_TARGET_AVX512                                                          \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,prefer-vector-width=512"), \
+                 optimize("fp-contract=off")))
+#endif
+#else
+#define SPECDEC_DISPATCH_AVX512 0
+#define SPECDEC_TARGET_AVX512
+#endif
+
+// Clang contracts a * b + c into an FMA wherever the target has FMA (AVX-512 implies it)
+// unless told not to, per expression where it is written: the kernel headers wrap their
+// source in SPECDEC_KERNELS_BEGIN / SPECDEC_KERNELS_END.
+#if defined(__clang__)
+#define SPECDEC_KERNELS_BEGIN _Pragma("float_control(push)") _Pragma("clang fp contract(off)")
+#define SPECDEC_KERNELS_END _Pragma("float_control(pop)")
+#else
+#define SPECDEC_KERNELS_BEGIN
+#define SPECDEC_KERNELS_END
 #endif
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -44,26 +77,48 @@ namespace specdec {
 enum class kernel_path : unsigned char {
   portable,  ///< the translation unit's own instruction set (SSE2 on x86-64 by default)
   avx2,      ///< AVX2 (x86-64 with GCC or Clang, on CPUs that have it)
+  avx512,    ///< AVX-512 F, BW, DQ and VL (x86-64 with GCC or Clang, on CPUs that have them)
 };
 
 [[nodiscard]] constexpr std::string_view to_string(kernel_path path) noexcept {
-  return path == kernel_path::avx2 ? "avx2" : "portable";
+  switch (path) {
+    case kernel_path::avx2:
+      return "avx2";
+    case kernel_path::avx512:
+      return "avx512";
+    default:
+      return "portable";
+  }
 }
 
 /// Whether this CPU and this build can run `path`.
 [[nodiscard]] inline bool kernel_path_supported(kernel_path path) noexcept {
-  if (path == kernel_path::portable) return true;
+  switch (path) {
+    case kernel_path::portable:
+      return true;
+    case kernel_path::avx2:
 #if SPECDEC_DISPATCH_AVX2
-  return __builtin_cpu_supports("avx2") != 0;
+      return __builtin_cpu_supports("avx2") != 0;
 #else
-  return false;
+      return false;
 #endif
+    case kernel_path::avx512:
+#if SPECDEC_DISPATCH_AVX512
+      return __builtin_cpu_supports("avx512f") != 0 && __builtin_cpu_supports("avx512bw") != 0 &&
+             __builtin_cpu_supports("avx512dq") != 0 && __builtin_cpu_supports("avx512vl") != 0;
+#else
+      return false;
+#endif
+  }
+  return false;
 }
 
 /// The fastest path this CPU and this build can run.
 [[nodiscard]] inline kernel_path best_kernel_path() noexcept {
-  static const kernel_path best =
-      kernel_path_supported(kernel_path::avx2) ? kernel_path::avx2 : kernel_path::portable;
+  static const kernel_path best = kernel_path_supported(kernel_path::avx512) ? kernel_path::avx512
+                                  : kernel_path_supported(kernel_path::avx2)
+                                      ? kernel_path::avx2
+                                      : kernel_path::portable;
   return best;
 }
 
@@ -72,11 +127,35 @@ namespace detail {
 // 0: not forced (the best path); else 1 + the forced path.
 inline std::atomic<unsigned char> forced_kernel_path{0};
 
+[[nodiscard]] inline kernel_path dispatched_path() noexcept {
+  const unsigned char forced = forced_kernel_path.load(std::memory_order_relaxed);
+  if (forced != 0) return static_cast<kernel_path>(forced - 1);
+  return best_kernel_path();
+}
+
 [[nodiscard]] inline bool use_avx2() noexcept {
 #if SPECDEC_DISPATCH_AVX2
-  const unsigned char forced = forced_kernel_path.load(std::memory_order_relaxed);
-  if (forced != 0) return forced - 1 == static_cast<unsigned char>(kernel_path::avx2);
-  return best_kernel_path() == kernel_path::avx2;
+  return dispatched_path() == kernel_path::avx2;
+#else
+  return false;
+#endif
+}
+
+// Kernels with no AVX-512 build of their own run their AVX2 build on the AVX-512 path too:
+// as 512-bit code they measured no faster, and their fused screens slower (comparisons
+// become mask registers that must be turned back into vectors; docs/performance.md).
+[[nodiscard]] inline bool use_avx2_build() noexcept {
+#if SPECDEC_DISPATCH_AVX2
+  const kernel_path path = dispatched_path();
+  return path == kernel_path::avx2 || path == kernel_path::avx512;
+#else
+  return false;
+#endif
+}
+
+[[nodiscard]] inline bool use_avx512() noexcept {
+#if SPECDEC_DISPATCH_AVX512
+  return dispatched_path() == kernel_path::avx512;
 #else
   return false;
 #endif
@@ -86,7 +165,7 @@ inline std::atomic<unsigned char> forced_kernel_path{0};
 
 /// The path the kernels take now: the forced one, else best_kernel_path().
 [[nodiscard]] inline kernel_path active_kernel_path() noexcept {
-  return detail::use_avx2() ? kernel_path::avx2 : kernel_path::portable;
+  return detail::dispatched_path();
 }
 
 /// Pins the kernels of the whole process to `path` and returns the path that was active.

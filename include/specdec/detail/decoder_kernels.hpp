@@ -17,6 +17,8 @@
 
 namespace specdec::detail {
 
+SPECDEC_KERNELS_BEGIN
+
 /// The largest entry seen by a pass, block by block (lanes of running maxima; NaN entries
 /// are passed over).
 template <class T>
@@ -79,7 +81,7 @@ template <class T>
 [[nodiscard]] inline bool plausible_probability_row(const T* row, std::size_t size,
                                                     double tolerance) noexcept {
 #if SPECDEC_DISPATCH_AVX2
-  if (use_avx2()) return plausible_probability_row_avx2(row, size, tolerance);
+  if (use_avx2_build()) return plausible_probability_row_avx2(row, size, tolerance);
 #endif
   return plausible_probability_row_portable(row, size, tolerance);
 }
@@ -147,7 +149,7 @@ template <bool Screen, class T>
 [[nodiscard]] inline double overlap_mass(const T* target, const T* draft, T factor,
                                          std::size_t size, row_screen<T>& screen) noexcept {
 #if SPECDEC_DISPATCH_AVX2
-  if (use_avx2()) return overlap_mass_avx2<Screen>(target, draft, factor, size, screen);
+  if (use_avx2_build()) return overlap_mass_avx2<Screen>(target, draft, factor, size, screen);
 #endif
   return overlap_mass_portable<Screen>(target, draft, factor, size, screen);
 }
@@ -161,5 +163,7 @@ template <bool Screen, class T>
   if (text.substr(0, prefix.size()) == prefix) return std::string(text.substr(prefix.size()));
   return std::string(text);
 }
+
+SPECDEC_KERNELS_END
 
 }  // namespace specdec::detail

@@ -20,6 +20,8 @@
 
 namespace specdec::detail {
 
+SPECDEC_KERNELS_BEGIN
+
 /// Entries summed (or scanned) by one block kernel call (a multiple of `kernel_lanes`).
 inline constexpr std::size_t kernel_block = 128;
 /// Independent accumulators per kernel.
@@ -263,7 +265,7 @@ template <class Source, class BeforeBlock>
 inline void build_mass_table(const Source& source, mass_table& table,
                              BeforeBlock&& before_block) noexcept {
 #if SPECDEC_DISPATCH_AVX2
-  if (use_avx2()) return build_mass_table_avx2(source, table, before_block);
+  if (use_avx2_build()) return build_mass_table_avx2(source, table, before_block);
 #endif
   build_mass_table_portable(source, table, before_block);
 }
@@ -430,6 +432,13 @@ template <bool Screen, class T>
   return span_max_body<Screen>(first, count, valid);
 }
 #endif
+#if SPECDEC_DISPATCH_AVX512
+template <bool Screen, class T>
+[[nodiscard]] SPECDEC_TARGET_AVX512 T span_max_avx512(const T* first, std::size_t count,
+                                                      bool& valid) noexcept {
+  return span_max_body<Screen>(first, count, valid);
+}
+#endif
 
 template <bool Screen, class T>
 [[nodiscard]] inline T span_max_portable(const T* first, std::size_t count, bool& valid) noexcept {
@@ -440,6 +449,9 @@ template <bool Screen, class T>
 /// screen verdict on every path (a maximum is exact whatever the lane count).
 template <bool Screen, class T>
 [[nodiscard]] inline T span_max(const T* first, std::size_t count, bool& valid) noexcept {
+#if SPECDEC_DISPATCH_AVX512
+  if (use_avx512()) return span_max_avx512<Screen>(first, count, valid);
+#endif
 #if SPECDEC_DISPATCH_AVX2
   if (use_avx2()) return span_max_avx2<Screen>(first, count, valid);
 #endif
@@ -504,5 +516,7 @@ template <class T>
   bool valid = true;
   return is_row_argmax<false>(row, size, candidate, valid);
 }
+
+SPECDEC_KERNELS_END
 
 }  // namespace specdec::detail

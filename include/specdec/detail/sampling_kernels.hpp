@@ -18,6 +18,8 @@
 
 namespace specdec::detail {
 
+SPECDEC_KERNELS_BEGIN
+
 /// Independent accumulators of the sampling kernels (no -ffast-math needed to vectorize).
 inline constexpr std::size_t sampling_lanes = 16;
 /// Entries summed in T before the partial sum is widened to double.
@@ -362,14 +364,14 @@ template <class T>
 inline void nucleus_histogram(const T* weights, std::size_t size, std::int32_t top_code,
                               double* mass, std::uint16_t* codes) noexcept {
 #if SPECDEC_DISPATCH_AVX2
-  if (use_avx2()) return nucleus_histogram_avx2(weights, size, top_code, mass, codes);
+  if (use_avx2_build()) return nucleus_histogram_avx2(weights, size, top_code, mass, codes);
 #endif
   nucleus_histogram_portable(weights, size, top_code, mass, codes);
 }
 inline void nucleus_collect(const std::uint16_t* codes, std::size_t size, std::uint16_t wanted,
                             std::vector<std::uint32_t>& ids) {
 #if SPECDEC_DISPATCH_AVX2
-  if (use_avx2()) return nucleus_collect_avx2(codes, size, wanted, ids);
+  if (use_avx2_build()) return nucleus_collect_avx2(codes, size, wanted, ids);
 #endif
   nucleus_collect_portable(codes, size, wanted, ids);
 }
@@ -377,7 +379,7 @@ template <class U, class T>
 inline void nucleus_keep(const U* key, const T* weights, T* out, std::size_t size, U last_key,
                          std::size_t last, T scale) noexcept {
 #if SPECDEC_DISPATCH_AVX2
-  if (use_avx2()) return nucleus_keep_avx2(key, weights, out, size, last_key, last, scale);
+  if (use_avx2_build()) return nucleus_keep_avx2(key, weights, out, size, last_key, last, scale);
 #endif
   nucleus_keep_portable(key, weights, out, size, last_key, last, scale);
 }
@@ -391,5 +393,7 @@ struct more_probable_first {
     return row[a] > row[b] || (row[a] == row[b] && a < b);
   }
 };
+
+SPECDEC_KERNELS_END
 
 }  // namespace specdec::detail

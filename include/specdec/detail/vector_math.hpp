@@ -50,6 +50,8 @@
 
 namespace specdec::detail {
 
+SPECDEC_KERNELS_BEGIN
+
 template <class T>
 struct float_bits;
 
@@ -99,8 +101,8 @@ struct lanes_of {
 
 #if defined(__GNUC__) || defined(__clang__)
 #define SPECDEC_VECTOR_MATH_PACKS 1
-/// Packs of one register: 16 bytes on the portable (SSE2) path, 32 on the AVX2 path (wider
-/// packs make GCC split compares and selects into halves).
+/// Packs of one register: 16 bytes on the portable (SSE2) path, 32 on the AVX2 path, 64 on the
+/// AVX-512 path (packs wider than a register make GCC split compares and selects).
 template <class T, std::size_t Bytes>
 using pack_t [[gnu::vector_size(Bytes)]] = T;
 template <class T, std::size_t Bytes>
@@ -119,6 +121,10 @@ template <>
 struct lanes_of<pack_t<float, 32>> : pack_lanes<float, 32> {};
 template <>
 struct lanes_of<pack_t<double, 32>> : pack_lanes<double, 32> {};
+template <>
+struct lanes_of<pack_t<float, 64>> : pack_lanes<float, 64> {};
+template <>
+struct lanes_of<pack_t<double, 64>> : pack_lanes<double, 64> {};
 #else
 #define SPECDEC_VECTOR_MATH_PACKS 0
 #endif
@@ -310,6 +316,18 @@ SPECDEC_TARGET_AVX2 void shifted_exp_avx2(const U* in, T* out, std::size_t size,
   shifted_exp_body<32>(in, out, size, top, scale);
 }
 #endif
+#if SPECDEC_DISPATCH_AVX512
+template <class T, class U>
+SPECDEC_TARGET_AVX512 void tempered_weights_avx512(const U* in, T* out, std::size_t size, T log_top,
+                                                   T scale) noexcept {
+  tempered_weights_body<64>(in, out, size, log_top, scale);
+}
+template <class T, class U>
+SPECDEC_TARGET_AVX512 void shifted_exp_avx512(const U* in, T* out, std::size_t size, T top,
+                                              T scale) noexcept {
+  shifted_exp_body<64>(in, out, size, top, scale);
+}
+#endif
 
 // The portable builds: out of line like any inline function (not inlined at every
 // dispatching call site, which would double the code the compiler optimizes).
@@ -327,6 +345,9 @@ inline void shifted_exp_portable(const U* in, T* out, std::size_t size, T top, T
 /// out[j] = tempered_weight(in[j], log_top, scale) for j < size (`in` may be `out`).
 template <class T, class U>
 inline void tempered_weights(const U* in, T* out, std::size_t size, T log_top, T scale) noexcept {
+#if SPECDEC_DISPATCH_AVX512
+  if (use_avx512()) return tempered_weights_avx512(in, out, size, log_top, scale);
+#endif
 #if SPECDEC_DISPATCH_AVX2
   if (use_avx2()) return tempered_weights_avx2(in, out, size, log_top, scale);
 #endif
@@ -337,11 +358,16 @@ inline void tempered_weights(const U* in, T* out, std::size_t size, T log_top, T
 /// tempered softmax numerators of logits whose maximum is top.
 template <class T, class U>
 inline void shifted_exp(const U* in, T* out, std::size_t size, T top, T scale) noexcept {
+#if SPECDEC_DISPATCH_AVX512
+  if (use_avx512()) return shifted_exp_avx512(in, out, size, top, scale);
+#endif
 #if SPECDEC_DISPATCH_AVX2
   if (use_avx2()) return shifted_exp_avx2(in, out, size, top, scale);
 #endif
   shifted_exp_portable(in, out, size, top, scale);
 }
+
+SPECDEC_KERNELS_END
 
 }  // namespace specdec::detail
 
