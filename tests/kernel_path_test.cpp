@@ -60,10 +60,9 @@ TEST_CASE("kernel_path: the best path is used unless one is forced", "[kernel_pa
 #if SPECDEC_DISPATCH_AVX2
   // On x86 with GCC or Clang the best path follows the CPU: AVX-512 (F, BW, DQ, VL), else
   // AVX2, else portable.
-  const bool avx512 = __builtin_cpu_supports("avx512f") != 0 &&
-                      __builtin_cpu_supports("avx512bw") != 0 &&
-                      __builtin_cpu_supports("avx512dq") != 0 &&
-                      __builtin_cpu_supports("avx512vl") != 0;
+  const bool avx512 =
+      __builtin_cpu_supports("avx512f") != 0 && __builtin_cpu_supports("avx512bw") != 0 &&
+      __builtin_cpu_supports("avx512dq") != 0 && __builtin_cpu_supports("avx512vl") != 0;
   CHECK(specdec::kernel_path_supported(kernel_path::avx512) == avx512);
   CHECK((specdec::best_kernel_path() == kernel_path::avx512) == avx512);
   CHECK((specdec::best_kernel_path() == kernel_path::avx2) ==

@@ -27,8 +27,8 @@ class KernelPathListener : public Catch::EventListenerBase {
     const char* requested = std::getenv("SPECDEC_KERNEL_PATH");
     if (requested == nullptr || *requested == '\0') return;  // unset or empty: the best path
     const std::string_view name(requested);
-    for (const auto path :
-         {specdec::kernel_path::portable, specdec::kernel_path::avx2, specdec::kernel_path::avx512}) {
+    for (const auto path : {specdec::kernel_path::portable, specdec::kernel_path::avx2,
+                            specdec::kernel_path::avx512}) {
       if (name == specdec::to_string(path)) {
         // Throws specdec::error when the CPU lacks the path: the run fails.
         specdec::force_kernel_path(path);
