@@ -2,8 +2,10 @@
 // path, and the dispatched kernels giving identical answers on every path this CPU has.
 // (The exactness suites that include the kernel path listener of tests/support run whole on each
 // path: tests/CMakeLists.txt.)
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <span>
@@ -278,6 +280,72 @@ TEMPLATE_TEST_CASE("kernel_path: every path standardizes top-p rows bitwise", "[
         if (!same_bits(outputs[k][j], outputs.front()[j])) ++differing;
       }
       CHECK(differing == 0);
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("kernel_path: every path selects the same top-k survivors and screens bitwise",
+                   "[kernel_path]", float, double) {
+  // Top-k rows (the decoder's sparse rows) go through one dispatched pass of block maxima
+  // with the validation screen fused into it: survivors, their weights, the top probability
+  // and the screen's sum and sign verdict must be bitwise equal on all paths, for rows of
+  // every length around the block and group sizes, with negative and NaN entries sometimes.
+  using T = TestType;
+  const ResetKernelPath reset;
+  const auto paths = supported_paths();
+  specdec::xoshiro256pp g(79);
+  for (int trial = 0; trial < 120; ++trial) {
+    const std::size_t size = trial % 6 == 5 ? 8192 + specdec::uniform_below(g, 60000)
+                                            : 2 + specdec::uniform_below(g, 3000);
+    std::vector<T> row(size);
+    double total = 0.0;
+    for (std::size_t j = 0; j < size; ++j) {
+      row[j] = static_cast<T>(std::exp(2.5 * specdec::testing::standard_normal(g)));
+      total += static_cast<double>(row[j]);
+    }
+    for (T& x : row) x = static_cast<T>(static_cast<double>(x) / total);
+    if (trial % 4 == 1) row[specdec::uniform_below(g, size)] = T(-0.25);
+    if (trial % 4 == 2) row[specdec::uniform_below(g, size)] = std::numeric_limits<T>::quiet_NaN();
+    const std::size_t k = 1 + specdec::uniform_below(g, std::min<std::size_t>(size - 1, 120));
+    const specdec::SamplingOptions options{
+        .temperature = trial % 3 == 0 ? 1.0 : 0.7, .top_k = k, .top_p = trial % 2 == 0 ? 1.0 : 0.9};
+    struct Outcome {
+      std::vector<std::uint32_t> ids;
+      std::vector<T> weights;
+      double top = 0.0;
+      double screened_sum = 0.0;
+      bool signs = false;
+    };
+    std::vector<Outcome> outcomes;
+    for (const kernel_path path : paths) {
+      specdec::force_kernel_path(path);
+      specdec::Standardizer<T> standardizer(options);
+      std::vector<T> scratch(size);
+      Outcome outcome;
+      outcome.ids.resize(k);
+      outcome.weights.resize(k);
+      specdec::detail::row_screen<T> screen;
+      const std::size_t count = standardizer.apply_sparse(
+          std::span<const T>(row), std::span<T>(scratch), outcome.ids.data(),
+          outcome.weights.data(), outcome.top, &screen);
+      outcome.ids.resize(count);
+      outcome.weights.resize(count);
+      outcome.screened_sum = screen.total();
+      outcome.signs = screen.signs.passed();
+      outcomes.push_back(std::move(outcome));
+    }
+    INFO("size " << size << ", k " << k << ", trial " << trial);
+    CHECK(outcomes.front().signs == (trial % 4 == 0 || trial % 4 == 3));
+    CHECK_FALSE(outcomes.front().ids.empty());
+    for (const Outcome& outcome : outcomes) {
+      CHECK(outcome.ids == outcomes.front().ids);
+      REQUIRE(outcome.weights.size() == outcomes.front().weights.size());
+      for (std::size_t j = 0; j < outcome.weights.size(); ++j) {
+        CHECK(same_bits(outcome.weights[j], outcomes.front().weights[j]));
+      }
+      CHECK(same_bits(outcome.top, outcomes.front().top));
+      CHECK(same_bits(outcome.screened_sum, outcomes.front().screened_sum));
+      CHECK(outcome.signs == outcomes.front().signs);
     }
   }
 }

@@ -438,6 +438,65 @@ TEMPLATE_TEST_CASE("Standardizer: apply_sparse gives apply's non-zero entries bi
                   .sparse_for(8));
 }
 
+TEMPLATE_TEST_CASE("Standardizer: apply_sparse on long rows keeps apply's survivors bitwise",
+                   "[sampling]", float, double) {
+  // On rows of many blocks, apply_sparse ranks only the blocks whose maximum reaches a guess
+  // taken from every 8th block, and all blocks when fewer than k reach it. Shapes: log-normal
+  // (the guess holds), ascending (the large entries cluster at the end), large entries only
+  // in the sampled blocks (fewer than k blocks reach the guess: the fallback), one value
+  // everywhere (every block ties), and a few NaN entries (never selected; no validation).
+  specdec::xoshiro256pp g(23);
+  for (int trial = 0; trial < 60; ++trial) {
+    const std::size_t size = 4096 + specdec::uniform_below(g, 60000);
+    const int shape = trial % 5;
+    std::vector<TestType> row(size);
+    for (std::size_t j = 0; j < size; ++j) {
+      double value = std::exp(2.5 * specdec::testing::standard_normal(g));
+      if (shape == 1) value = 1.0 + static_cast<double>(j) * 1e-3;
+      if (shape == 2) value = (j / 64) % 8 == 0 ? 10.0 + value : 1e-3 * value;
+      if (shape == 3) value = 1.0;
+      row[j] = static_cast<TestType>(value);
+    }
+    if (shape == 4) {
+      for (std::size_t j = 7; j < size; j += 997)
+        row[j] = std::numeric_limits<TestType>::quiet_NaN();
+    }
+    const std::size_t ks[] = {1, 5, 50, 300};
+    SamplingOptions options;
+    options.top_k = ks[static_cast<std::size_t>(trial / 5) % 4];
+    options.temperature = trial % 2 == 0 ? 1.0 : 0.7;
+    options.top_p = trial % 3 == 0 ? 0.9 : 1.0;
+    INFO("trial " << trial << " shape " << shape << " V = " << size
+                  << " top_k = " << options.top_k);
+    specdec::Standardizer<TestType> standardizer(options);
+    REQUIRE(standardizer.sparse_for(size));
+    std::vector<TestType> dense(size);
+    std::vector<TestType> clean = row;  // apply() needs a valid row: NaN entries as zeros
+    for (TestType& x : clean) x = x == x ? x : TestType(0);
+    const double dense_top =
+        standardizer.apply(std::span<const TestType>(clean), std::span<TestType>(dense));
+    std::vector<TestType> scratch(size, std::numeric_limits<TestType>::quiet_NaN());
+    std::vector<std::uint32_t> ids(options.top_k);
+    std::vector<TestType> weights(options.top_k);
+    double sparse_top = -1.0;
+    const std::size_t count =
+        standardizer.apply_sparse(std::span<const TestType>(row), std::span<TestType>(scratch),
+                                  ids.data(), weights.data(), sparse_top);
+    std::vector<std::uint32_t> expected_ids;
+    for (std::size_t j = 0; j < size; ++j) {
+      if (dense[j] > TestType(0)) expected_ids.push_back(static_cast<std::uint32_t>(j));
+    }
+    REQUIRE(count == expected_ids.size());
+    CHECK(std::vector<std::uint32_t>(
+              ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(count)) == expected_ids);
+    std::size_t differing = 0;
+    for (std::size_t k = 0; k < count; ++k)
+      differing += weights[k] == dense[ids[k]] ? std::size_t{0} : std::size_t{1};
+    CHECK(differing == 0);
+    CHECK(sparse_top == dense_top);
+  }
+}
+
 TEMPLATE_TEST_CASE("Standardizer: logits follow the same reference", "[sampling]", float, double) {
   specdec::xoshiro256pp g(12);
   for (int trial = 0; trial < 100; ++trial) {

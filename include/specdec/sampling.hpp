@@ -44,6 +44,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <numeric>
 #include <span>
 #include <type_traits>
 #include <utility>
@@ -138,6 +139,7 @@ class Standardizer {
       const std::size_t blocks = (vocab_size + select_block - 1) / select_block;
       block_max_.reserve(blocks);
       block_order_.reserve(blocks);
+      block_ids_.reserve(blocks);
     }
   }
 
@@ -443,61 +445,27 @@ class Standardizer {
     return count;
   }
 
-  // Entries per block of block_maxima.
-  static constexpr std::size_t select_block = 64;
+  static constexpr std::size_t select_block = detail::select_block;
+  // Every select_sample-th block maximum is sampled for select_top_k_from_blocks' guess.
+  static constexpr std::size_t select_sample = 8;
 
-  // block_max_[b] = the largest key of block b (select_block entries); returns the largest
-  // key of the row. One vectorized pass (Eigen's packet maxima; with NaN keys, possible only
-  // in rows that were not validated, a block's maximum is unspecified but the selection
-  // stays in range).
+  // block_max_[b] = the largest key of block b (select_block entries, NaN keys passed over);
+  // returns the largest key of the row. One dispatched pass (detail::block_maxima) with
+  // `screen` (validation) fused into it.
   template <class U>
   U block_maxima(std::span<const U> key, detail::row_screen<U>* screen) {
-    const std::size_t size = key.size();
-    const std::size_t blocks = (size + select_block - 1) / select_block;
-    block_max_.resize(blocks);
-    using block_map = Eigen::Map<const Eigen::Array<U, select_block, 1>, Eigen::Unaligned>;
-    U best = -std::numeric_limits<U>::infinity();
-    const std::size_t full = size / select_block;
-    const auto keep = [&](std::size_t b, U block) {
-      // A NaN maximum (possible only in rows that were not validated) ranks last.
-      block_max_[b] =
-          block == block ? static_cast<double>(block) : -std::numeric_limits<double>::infinity();
-      best = best < block ? block : best;
-    };
-    if (screen == nullptr) {
-      for (std::size_t b = 0; b < full; ++b) {
-        keep(b, block_map(key.data() + b * select_block).maxCoeff());
-      }
-    } else {
-      // The screen takes 4 blocks at a time (its lanes widen to double once per call).
-      constexpr std::size_t group = 4;
-      std::size_t b = 0;
-      for (; b + group <= full; b += group) {
-        const U* first = key.data() + b * select_block;
-        for (std::size_t g = 0; g < group; ++g) {
-          keep(b + g, block_map(first + g * select_block).maxCoeff());
-        }
-        screen->add(first, group * select_block);
-      }
-      for (; b < full; ++b) {
-        const U* first = key.data() + b * select_block;
-        keep(b, block_map(first).maxCoeff());
-        screen->add(first, select_block);
-      }
-    }
-    if (full < blocks) {
-      const U* first = key.data() + full * select_block;
-      const std::size_t count = size - full * select_block;
-      keep(full, detail::max_entry(first, count));
-      if (screen != nullptr) screen->add(first, count);
-    }
-    return best;
+    block_max_.resize((key.size() + select_block - 1) / select_block);
+    return detail::block_maxima(key.data(), key.size(), block_max_.data(), screen);
   }
 
   // select_top_k for the key whose block maxima block_maxima() just computed: the k-th
   // largest block maximum t is at most the k-th largest key (the k largest block maxima are
   // k distinct entries), so every token of the top k has key >= t and lies in a block whose
   // maximum is >= t. Only those blocks are read again (about k blocks for a peaked row).
+  // t comes from a short list: the blocks whose maximum reaches a guess g, the maximum of
+  // rank about 2k / select_sample among every select_sample-th block. When at least k blocks
+  // reach g, t >= g and the list holds every block that can matter; otherwise (rows whose
+  // large entries cluster) the list is every block.
   template <class U>
   void select_top_k_from_blocks(std::span<const U> key, U floor, std::size_t k) {
     const std::size_t blocks = block_max_.size();
@@ -505,29 +473,51 @@ class Standardizer {
       select_top_k(key, floor, k);
       return;
     }
-    // The k-th largest block maximum: a min-heap of the k largest so far (after it fills,
-    // most blocks cost one compare against its top).
-    block_order_.assign(block_max_.begin(), block_max_.begin() + static_cast<std::ptrdiff_t>(k));
-    std::make_heap(block_order_.begin(), block_order_.end(), std::greater<>());
-    for (std::size_t b = k; b < blocks; ++b) {
-      if (block_max_[b] > block_order_.front()) {
-        std::pop_heap(block_order_.begin(), block_order_.end(), std::greater<>());
-        block_order_.back() = block_max_[b];
-        std::push_heap(block_order_.begin(), block_order_.end(), std::greater<>());
-      }
-    }
-    const double threshold = block_order_.front();
-    index_.clear();
-    const std::size_t size = key.size();
+    const double* const maxima = block_max_.data();
+    block_order_.clear();
+    for (std::size_t b = 0; b < blocks; b += select_sample) block_order_.push_back(maxima[b]);
+    const std::size_t rank = std::min(block_order_.size(), 2 * k / select_sample + 2);
+    std::nth_element(block_order_.begin(),
+                     block_order_.begin() + static_cast<std::ptrdiff_t>(rank - 1),
+                     block_order_.end(), std::greater<>());
+    const double guess = block_order_[rank - 1];
+    // Branch-free compaction (every id is written, the count advances when it qualifies):
+    // the qualifying fraction is small and unpredictable.
+    block_ids_.resize(blocks);
+    std::size_t listed = 0;
     for (std::size_t b = 0; b < blocks; ++b) {
-      if (!(block_max_[b] >= threshold)) continue;
-      const std::size_t last = std::min(size, (b + 1) * select_block);
+      block_ids_[listed] = static_cast<std::uint32_t>(b);
+      listed += maxima[b] >= guess ? std::size_t{1} : std::size_t{0};
+    }
+    block_ids_.resize(listed);
+    if (listed < k) {
+      block_ids_.resize(blocks);
+      std::iota(block_ids_.begin(), block_ids_.end(), std::uint32_t{0});
+    }
+    block_order_.clear();
+    for (const std::uint32_t b : block_ids_) block_order_.push_back(maxima[b]);
+    std::nth_element(block_order_.begin(),
+                     block_order_.begin() + static_cast<std::ptrdiff_t>(k - 1), block_order_.end(),
+                     std::greater<>());
+    const double threshold = block_order_[k - 1];
+    // Block maxima are keys converted exactly, so key >= t compares as U.
+    const auto t = static_cast<U>(threshold);
+    const std::size_t size = key.size();
+    std::size_t candidates = 0;
+    for (const std::uint32_t b : block_ids_) {
+      candidates += maxima[b] >= threshold ? std::size_t{1} : std::size_t{0};
+    }
+    index_.resize(std::min(size, candidates * select_block));
+    std::size_t found = 0;
+    for (const std::uint32_t b : block_ids_) {
+      if (!(maxima[b] >= threshold)) continue;
+      const std::size_t last = std::min(size, (b + std::size_t{1}) * select_block);
       for (std::size_t j = b * select_block; j < last; ++j) {
-        if (static_cast<double>(key[j]) >= threshold && key[j] > floor) {
-          index_.push_back(static_cast<std::uint32_t>(j));
-        }
+        index_[found] = static_cast<std::uint32_t>(j);
+        found += key[j] >= t && key[j] > floor ? std::size_t{1} : std::size_t{0};
       }
     }
+    index_.resize(found);
     if (index_.size() > k) {
       const detail::more_probable_first<U> before{key.data()};
       std::nth_element(index_.begin(), index_.begin() + static_cast<std::ptrdiff_t>(k),
@@ -677,10 +667,11 @@ class Standardizer {
 
   SamplingOptions options_;
   std::vector<std::uint32_t> index_;
-  std::vector<double> block_max_;     // apply_sparse: maxima of blocks of select_block keys
-  std::vector<double> block_order_;   // their selection
-  std::vector<double> histogram_;     // find_nucleus: two histograms of bucket masses
-  std::vector<std::uint16_t> codes_;  // find_nucleus: the bucket of every entry
+  std::vector<double> block_max_;         // apply_sparse: maxima of blocks of select_block keys
+  std::vector<double> block_order_;       // their selection
+  std::vector<std::uint32_t> block_ids_;  // the blocks select_top_k_from_blocks ranks
+  std::vector<double> histogram_;         // find_nucleus: two histograms of bucket masses
+  std::vector<std::uint16_t> codes_;      // find_nucleus: the bucket of every entry
 };
 
 /// Convenience: the standardized copy of one row (allocates; use a Standardizer in loops).

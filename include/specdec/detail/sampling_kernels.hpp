@@ -142,7 +142,7 @@ struct row_screen {
 /// sampling_lanes lanes: plain loops that vectorize). A row of only NaN and -infinity
 /// entries with at least one NaN gives NaN, so that a NaN row is reported as such.
 template <class T>
-[[nodiscard]] inline T max_entry(const T* row, std::size_t size) noexcept {
+[[nodiscard]] SPECDEC_KERNEL_INLINE T max_entry_body(const T* row, std::size_t size) noexcept {
   constexpr T lowest = -std::numeric_limits<T>::infinity();
   std::array<T, sampling_lanes> best;
   best.fill(lowest);
@@ -161,6 +161,157 @@ template <class T>
     }
   }
   return result;
+}
+
+/// Entries per block of block_maxima (Standardizer::apply_sparse's top-k selection).
+inline constexpr std::size_t select_block = 64;
+
+#if SPECDEC_VECTOR_MATH_PACKS
+/// The largest lane of a pack without NaN lanes: halves folded onto each other.
+template <std::size_t Bytes, class T>
+[[nodiscard]] SPECDEC_KERNEL_INLINE T fold_max(const pack_t<T, Bytes>& value) noexcept {
+  if constexpr (Bytes == 2 * sizeof(T)) {
+    return value[0] < value[1] ? value[1] : value[0];
+  } else {
+    using half = pack_t<T, Bytes / 2>;
+    half low;
+    half high;
+    std::memcpy(&low, &value, sizeof low);
+    std::memcpy(&high, reinterpret_cast<const unsigned char*>(&value) + sizeof low, sizeof high);
+    const half larger = low < high ? high : low;
+    return fold_max<Bytes / 2, T>(larger);
+  }
+}
+#endif
+
+/// The largest of the select_block entries at `first`, NaN entries passed over (-infinity
+/// when there is none): running maxima in packs of `Bytes`, then their lanes folded.
+template <std::size_t Bytes, class T>
+[[nodiscard]] SPECDEC_KERNEL_INLINE T block_max_of(const T* first) noexcept {
+#if SPECDEC_VECTOR_MATH_PACKS
+  using pack = pack_t<T, Bytes>;
+  constexpr std::size_t width = Bytes / sizeof(T);
+  static_assert(width >= 2 && select_block % width == 0);
+  pack best = pack{} - std::numeric_limits<T>::infinity();
+  for (std::size_t j = 0; j < select_block; j += width) {
+    pack value;
+    std::memcpy(&value, first + j, sizeof value);
+    best = best < value ? value : best;  // a NaN compares false
+  }
+  return fold_max<Bytes, T>(best);
+#else
+  T best = -std::numeric_limits<T>::infinity();
+  for (std::size_t j = 0; j < select_block; ++j) best = best < first[j] ? first[j] : best;
+  return best;
+#endif
+}
+
+/// block_max[b] = the largest key of block b (select_block entries; the last block may be
+/// shorter), NaN keys passed over (-infinity for a block without another key); returns the
+/// largest key of the row (-infinity when there is none). With `Screen`, `screen` takes
+/// every entry, 4 blocks at a time (its lanes widen to double once per call), then single
+/// blocks, then the tail: one order of additions on every path.
+template <std::size_t Bytes, bool Screen, class T>
+SPECDEC_KERNEL_INLINE T block_maxima_body(const T* key, std::size_t size, double* block_max,
+                                          row_screen<T>* screen) noexcept {
+  constexpr std::size_t group = 4;
+  const std::size_t full = size / select_block;
+  T best = -std::numeric_limits<T>::infinity();
+  std::size_t b = 0;
+  if constexpr (Screen) {
+    for (; b + group <= full; b += group) {
+      const T* first = key + b * select_block;
+      for (std::size_t g = 0; g < group; ++g) {
+        const T block = block_max_of<Bytes>(first + g * select_block);
+        block_max[b + g] = static_cast<double>(block);
+        best = best < block ? block : best;
+      }
+      screen->add(first, group * select_block);
+    }
+  }
+  for (; b < full; ++b) {
+    const T* first = key + b * select_block;
+    const T block = block_max_of<Bytes>(first);
+    block_max[b] = static_cast<double>(block);
+    best = best < block ? block : best;
+    if constexpr (Screen) screen->add(first, select_block);
+  }
+  const std::size_t rest = size - full * select_block;
+  if (rest != 0) {
+    const T* first = key + full * select_block;
+    T block = -std::numeric_limits<T>::infinity();
+    for (std::size_t j = 0; j < rest; ++j) block = block < first[j] ? first[j] : block;
+    block_max[full] = static_cast<double>(block);
+    best = best < block ? block : best;
+    if constexpr (Screen) screen->add(first, rest);
+  }
+  return best;
+}
+
+#if SPECDEC_DISPATCH_AVX2
+template <class T>
+[[nodiscard]] SPECDEC_TARGET_AVX2 T max_entry_avx2(const T* row, std::size_t size) noexcept {
+  return max_entry_body(row, size);
+}
+template <bool Screen, class T>
+SPECDEC_TARGET_AVX2 T block_maxima_avx2(const T* key, std::size_t size, double* block_max,
+                                        row_screen<T>* screen) noexcept {
+  return block_maxima_body<32, Screen>(key, size, block_max, screen);
+}
+#endif
+#if SPECDEC_DISPATCH_AVX512
+template <class T>
+[[nodiscard]] SPECDEC_TARGET_AVX512 T max_entry_avx512(const T* row, std::size_t size) noexcept {
+  return max_entry_body(row, size);
+}
+template <bool Screen, class T>
+SPECDEC_TARGET_AVX512 T block_maxima_avx512(const T* key, std::size_t size, double* block_max,
+                                            row_screen<T>* screen) noexcept {
+  return block_maxima_body<64, Screen>(key, size, block_max, screen);
+}
+#endif
+
+template <class T>
+[[nodiscard]] inline T max_entry_portable(const T* row, std::size_t size) noexcept {
+  return max_entry_body(row, size);
+}
+template <bool Screen, class T>
+inline T block_maxima_portable(const T* key, std::size_t size, double* block_max,
+                               row_screen<T>* screen) noexcept {
+  return block_maxima_body<16, Screen>(key, size, block_max, screen);
+}
+
+/// max_entry_body on the active kernel path (a maximum is exact: the same on every path).
+template <class T>
+[[nodiscard]] inline T max_entry(const T* row, std::size_t size) noexcept {
+#if SPECDEC_DISPATCH_AVX512
+  if (use_avx512()) return max_entry_avx512(row, size);
+#endif
+#if SPECDEC_DISPATCH_AVX2
+  if (use_avx2()) return max_entry_avx2(row, size);
+#endif
+  return max_entry_portable(row, size);
+}
+
+/// block_maxima_body on the active kernel path (the same maxima and, with a screen, the
+/// same screened sums on every path); `screen` may be null (no validation).
+template <class T>
+inline T block_maxima(const T* key, std::size_t size, double* block_max,
+                      row_screen<T>* screen) noexcept {
+#if SPECDEC_DISPATCH_AVX512
+  if (use_avx512()) {
+    return screen != nullptr ? block_maxima_avx512<true>(key, size, block_max, screen)
+                             : block_maxima_avx512<false>(key, size, block_max, screen);
+  }
+#endif
+#if SPECDEC_DISPATCH_AVX2
+  if (use_avx2()) {
+    return screen != nullptr ? block_maxima_avx2<true>(key, size, block_max, screen)
+                             : block_maxima_avx2<false>(key, size, block_max, screen);
+  }
+#endif
+  return screen != nullptr ? block_maxima_portable<true>(key, size, block_max, screen)
+                           : block_maxima_portable<false>(key, size, block_max, screen);
 }
 
 /// Index of the largest entry of a non-empty row, the lowest index among ties.
