@@ -1,18 +1,19 @@
 // specdec — which instruction set the row kernels run on.
 //
 // The kernels that touch every entry of a row (tempered weights and softmax: a log and an
-// exp per entry; top-p's passes; the mass tables of the draws; greedy's argmax scan) exist
-// twice or three times on x86-64 with GCC or Clang: the portable build (whatever the
-// translation unit is compiled for, SSE2 by default), an AVX2 build and, for the log and
-// exp and greedy's argmax scan, an AVX-512 build (F, BW, DQ and VL) of the same source,
+// exp per entry; top-p's passes; top-k's block maxima; the mass tables of the draws;
+// greedy's argmax scan) exist twice or three times on x86-64 with GCC or Clang: the
+// portable build (whatever the translation unit is compiled for, SSE2 by default), an AVX2
+// build and, for the log and exp, top-k's block maxima and the maximum scans (greedy's
+// argmax, a row's maximum), an AVX-512 build (F, BW, DQ and VL) of the same source,
 // chosen at run time from what the CPU has; on the AVX-512 path the other kernels run their
 // AVX2 build (detail::use_avx2_build). All are compiled from the same plain loops without
 // contracting multiply-adds into FMA (AVX-512 implies FMA, so its build forbids it
 // explicitly: GCC's optimize("fp-contract=off") on its functions, Clang's
 // `#pragma clang fp contract(off)` around the kernels' source), so they compute bitwise
-// identical results: the path changes the speed, never a token. (A build whose own flags
-// enable FMA, e.g. -march=native, may contract multiply-adds in the portable build under
-// GCC; its paths then still agree with each other up to those contractions.)
+// identical results: the path changes the speed, never a token. (Known gap: a GCC build
+// whose own flags enable FMA, e.g. -march=native, contracts multiply-adds in the portable
+// and AVX2 builds, so there the paths can differ in the last bits; docs/performance.md.)
 //
 // active_kernel_path() says which path runs; force_kernel_path() pins one (tests run every
 // sampling path under each; benchmarks compare them).

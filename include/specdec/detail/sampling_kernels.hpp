@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "specdec/detail/row_kernels.hpp"
 #include "specdec/detail/vector_math.hpp"
 #include "specdec/kernel_path.hpp"
 
@@ -138,24 +139,14 @@ struct row_screen {
   }
 };
 
-/// Largest entry of a non-empty row, NaN entries passed over (running maxima in
-/// sampling_lanes lanes: plain loops that vectorize). A row of only NaN and -infinity
-/// entries with at least one NaN gives NaN, so that a NaN row is reported as such.
+/// Largest entry of a non-empty row, NaN entries passed over (greedy's dispatched scan,
+/// span_max). A row of only NaN and -infinity entries with at least one NaN gives NaN, so
+/// that a NaN row is reported as such.
 template <class T>
-[[nodiscard]] SPECDEC_KERNEL_INLINE T max_entry_body(const T* row, std::size_t size) noexcept {
-  constexpr T lowest = -std::numeric_limits<T>::infinity();
-  std::array<T, sampling_lanes> best;
-  best.fill(lowest);
-  const std::size_t full = size / sampling_lanes * sampling_lanes;
-  for (std::size_t j = 0; j < full; j += sampling_lanes) {
-    for (std::size_t k = 0; k < sampling_lanes; ++k) {
-      best[k] = best[k] < row[j + k] ? row[j + k] : best[k];  // a NaN compares false
-    }
-  }
-  for (std::size_t j = full; j < size; ++j) best[0] = best[0] < row[j] ? row[j] : best[0];
-  T result = best[0];
-  for (std::size_t k = 1; k < sampling_lanes; ++k) result = result < best[k] ? best[k] : result;
-  if (result == lowest) {
+[[nodiscard]] inline T max_entry(const T* row, std::size_t size) noexcept {
+  bool unused = true;
+  const T result = span_max<false>(row, size, unused);
+  if (result == -std::numeric_limits<T>::infinity()) {
     for (std::size_t j = 0; j < size; ++j) {
       if (row[j] != row[j]) return row[j];
     }
@@ -249,10 +240,6 @@ SPECDEC_KERNEL_INLINE T block_maxima_body(const T* key, std::size_t size, double
 }
 
 #if SPECDEC_DISPATCH_AVX2
-template <class T>
-[[nodiscard]] SPECDEC_TARGET_AVX2 T max_entry_avx2(const T* row, std::size_t size) noexcept {
-  return max_entry_body(row, size);
-}
 template <bool Screen, class T>
 SPECDEC_TARGET_AVX2 T block_maxima_avx2(const T* key, std::size_t size, double* block_max,
                                         row_screen<T>* screen) noexcept {
@@ -260,10 +247,6 @@ SPECDEC_TARGET_AVX2 T block_maxima_avx2(const T* key, std::size_t size, double* 
 }
 #endif
 #if SPECDEC_DISPATCH_AVX512
-template <class T>
-[[nodiscard]] SPECDEC_TARGET_AVX512 T max_entry_avx512(const T* row, std::size_t size) noexcept {
-  return max_entry_body(row, size);
-}
 template <bool Screen, class T>
 SPECDEC_TARGET_AVX512 T block_maxima_avx512(const T* key, std::size_t size, double* block_max,
                                             row_screen<T>* screen) noexcept {
@@ -271,47 +254,32 @@ SPECDEC_TARGET_AVX512 T block_maxima_avx512(const T* key, std::size_t size, doub
 }
 #endif
 
-template <class T>
-[[nodiscard]] inline T max_entry_portable(const T* row, std::size_t size) noexcept {
-  return max_entry_body(row, size);
-}
 template <bool Screen, class T>
 inline T block_maxima_portable(const T* key, std::size_t size, double* block_max,
                                row_screen<T>* screen) noexcept {
   return block_maxima_body<16, Screen>(key, size, block_max, screen);
 }
 
-/// max_entry_body on the active kernel path (a maximum is exact: the same on every path).
-template <class T>
-[[nodiscard]] inline T max_entry(const T* row, std::size_t size) noexcept {
-#if SPECDEC_DISPATCH_AVX512
-  if (use_avx512()) return max_entry_avx512(row, size);
-#endif
-#if SPECDEC_DISPATCH_AVX2
-  if (use_avx2()) return max_entry_avx2(row, size);
-#endif
-  return max_entry_portable(row, size);
-}
-
 /// block_maxima_body on the active kernel path (the same maxima and, with a screen, the
-/// same screened sums on every path); `screen` may be null (no validation).
-template <class T>
+/// same screened sums on every path).
+template <bool Screen, class T>
 inline T block_maxima(const T* key, std::size_t size, double* block_max,
                       row_screen<T>* screen) noexcept {
 #if SPECDEC_DISPATCH_AVX512
-  if (use_avx512()) {
-    return screen != nullptr ? block_maxima_avx512<true>(key, size, block_max, screen)
-                             : block_maxima_avx512<false>(key, size, block_max, screen);
-  }
+  if (use_avx512()) return block_maxima_avx512<Screen>(key, size, block_max, screen);
 #endif
 #if SPECDEC_DISPATCH_AVX2
-  if (use_avx2()) {
-    return screen != nullptr ? block_maxima_avx2<true>(key, size, block_max, screen)
-                             : block_maxima_avx2<false>(key, size, block_max, screen);
-  }
+  if (use_avx2()) return block_maxima_avx2<Screen>(key, size, block_max, screen);
 #endif
-  return screen != nullptr ? block_maxima_portable<true>(key, size, block_max, screen)
-                           : block_maxima_portable<false>(key, size, block_max, screen);
+  return block_maxima_portable<Screen>(key, size, block_max, screen);
+}
+
+/// block_maxima with a screen when `screen` is not null (validation), without otherwise.
+template <class T>
+inline T block_maxima(const T* key, std::size_t size, double* block_max,
+                      row_screen<T>* screen) noexcept {
+  return screen != nullptr ? block_maxima<true>(key, size, block_max, screen)
+                           : block_maxima<false>(key, size, block_max, screen);
 }
 
 /// Index of the largest entry of a non-empty row, the lowest index among ties.
