@@ -502,15 +502,17 @@ class Standardizer {
     const double threshold = block_order_[k - 1];
     // Block maxima are keys converted exactly, so key >= t compares as U.
     const auto t = static_cast<U>(threshold);
-    const std::size_t size = key.size();
+    // The blocks that reach t, compacted in place, then their keys that reach it.
     std::size_t candidates = 0;
     for (const std::uint32_t b : block_ids_) {
+      block_ids_[candidates] = b;
       candidates += maxima[b] >= threshold ? std::size_t{1} : std::size_t{0};
     }
+    block_ids_.resize(candidates);
+    const std::size_t size = key.size();
     index_.resize(std::min(size, candidates * select_block));
     std::size_t found = 0;
     for (const std::uint32_t b : block_ids_) {
-      if (!(maxima[b] >= threshold)) continue;
       const std::size_t last = std::min(size, (b + std::size_t{1}) * select_block);
       for (std::size_t j = b * select_block; j < last; ++j) {
         index_[found] = static_cast<std::uint32_t>(j);
