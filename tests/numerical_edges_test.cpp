@@ -324,3 +324,26 @@ TEMPLATE_TEST_CASE("extreme temperatures keep zeros zero and rows normalised",
     }
   }
 }
+
+TEMPLATE_TEST_CASE("a logit row of only NaN and -infinity gives NaN entries, never a zero row",
+                   "[numerical_edges][sampling]", float, double) {
+  // The row maximum passes NaN entries over; when nothing else is left (only -infinity) it
+  // reports the NaN, so that apply_logits writes NaN (which validation rejects) instead of
+  // the zero row of an all -infinity input. Lengths around the scan's lanes and chunks.
+  constexpr TestType nan = std::numeric_limits<TestType>::quiet_NaN();
+  constexpr TestType impossible = -std::numeric_limits<TestType>::infinity();
+  for (const std::size_t size :
+       {std::size_t{1}, std::size_t{3}, std::size_t{40}, std::size_t{1100}}) {
+    INFO("V = " << size);
+    std::vector<TestType> logits(size, impossible);
+    logits[size / 2] = nan;
+    specdec::Standardizer<TestType> standardizer(specdec::SamplingOptions{.temperature = 0.7});
+    std::vector<TestType> out(size, TestType(0.5));
+    (void)standardizer.apply_logits(std::span<const TestType>(logits), std::span<TestType>(out));
+    CHECK(std::all_of(out.begin(), out.end(), [](TestType x) { return std::isnan(x); }));
+    // All -infinity: no possible token, a zero row.
+    logits[size / 2] = impossible;
+    (void)standardizer.apply_logits(std::span<const TestType>(logits), std::span<TestType>(out));
+    CHECK(std::all_of(out.begin(), out.end(), [](TestType x) { return x == TestType(0); }));
+  }
+}
