@@ -41,6 +41,14 @@ bool same_bits(T a, T b) {
   return std::memcmp(&a, &b, sizeof(T)) == 0;
 }
 
+/// Divides a row by its sum (taken in double), as a model's softmax leaves it.
+template <class T>
+void normalise(std::vector<T>& row) {
+  double total = 0.0;
+  for (const T x : row) total += static_cast<double>(x);
+  for (T& x : row) x = static_cast<T>(static_cast<double>(x) / total);
+}
+
 std::vector<kernel_path> supported_paths() {
   std::vector<kernel_path> paths{kernel_path::portable};
   for (const auto path : {kernel_path::avx2, kernel_path::avx512}) {
@@ -170,18 +178,12 @@ TEMPLATE_TEST_CASE("kernel_path: every path builds the same mass tables and scre
     const std::size_t size = 1 + specdec::uniform_below(g, 5000);
     std::vector<T> p(size);
     std::vector<T> q(size);
-    double p_total = 0.0;
-    double q_total = 0.0;
     for (std::size_t j = 0; j < size; ++j) {
       p[j] = static_cast<T>(specdec::uniform01<double>(g));
       q[j] = static_cast<T>(specdec::uniform01<double>(g));
-      p_total += static_cast<double>(p[j]);
-      q_total += static_cast<double>(q[j]);
     }
-    for (std::size_t j = 0; j < size; ++j) {
-      p[j] = static_cast<T>(static_cast<double>(p[j]) / p_total);
-      q[j] = static_cast<T>(static_cast<double>(q[j]) / q_total);
-    }
+    normalise(p);
+    normalise(q);
     if (trial % 4 == 1) p[specdec::uniform_below(g, size)] = T(-0.25);
     if (trial % 4 == 2) p[specdec::uniform_below(g, size)] = std::numeric_limits<T>::quiet_NaN();
     struct Outcome {
@@ -250,18 +252,13 @@ TEMPLATE_TEST_CASE("kernel_path: every path standardizes top-p rows bitwise", "[
     const std::size_t size = trial % 5 == 4 ? 8192 + specdec::uniform_below(g, 40000)
                                             : 1 + specdec::uniform_below(g, 3000);
     std::vector<T> row(size);
-    double total = 0.0;
     for (std::size_t j = 0; j < size; ++j) {
       row[j] = static_cast<T>(std::exp(2.5 * specdec::testing::standard_normal(g)));
       if (trial % 3 == 1 && j % 5 == 0) row[j] = T(0);
       if (trial % 3 == 2 && j > 0 && j % 3 == 0) row[j] = row[j - 1];  // ties
-      total += static_cast<double>(row[j]);
     }
-    if (!(total > 0.0)) {
-      row[0] = T(1);
-      total = 1.0;
-    }
-    for (T& x : row) x = static_cast<T>(static_cast<double>(x) / total);
+    if (std::all_of(row.begin(), row.end(), [](T x) { return x == T(0); })) row[0] = T(1);
+    normalise(row);
     const specdec::SamplingOptions& options = settings[trial % 4];
     std::vector<std::vector<T>> outputs;
     std::vector<double> tops;
@@ -298,12 +295,8 @@ TEMPLATE_TEST_CASE("kernel_path: every path selects the same top-k survivors and
     const std::size_t size = trial % 6 == 5 ? 8192 + specdec::uniform_below(g, 60000)
                                             : 2 + specdec::uniform_below(g, 3000);
     std::vector<T> row(size);
-    double total = 0.0;
-    for (std::size_t j = 0; j < size; ++j) {
-      row[j] = static_cast<T>(std::exp(2.5 * specdec::testing::standard_normal(g)));
-      total += static_cast<double>(row[j]);
-    }
-    for (T& x : row) x = static_cast<T>(static_cast<double>(x) / total);
+    for (T& x : row) x = static_cast<T>(std::exp(2.5 * specdec::testing::standard_normal(g)));
+    normalise(row);
     if (trial % 4 == 1) row[specdec::uniform_below(g, size)] = T(-0.25);
     if (trial % 4 == 2) row[specdec::uniform_below(g, size)] = std::numeric_limits<T>::quiet_NaN();
     const std::size_t k = 1 + specdec::uniform_below(g, std::min<std::size_t>(size - 1, 120));

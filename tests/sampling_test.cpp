@@ -385,6 +385,33 @@ TEMPLATE_TEST_CASE("Standardizer: top-p on long rows of every shape keeps the sh
   }
 }
 
+/// apply_sparse on `row` gives exactly the non-zero entries apply() writes for `dense_row`
+/// (the same row, or its valid twin): the same ids in increasing order, bitwise the same
+/// weights and top probability.
+template <class T>
+void check_sparse_is_dense(specdec::Standardizer<T>& standardizer, const std::vector<T>& row,
+                           const std::vector<T>& dense_row) {
+  const std::size_t size = row.size();
+  const std::size_t top_k = standardizer.options().top_k;
+  std::vector<T> dense(size);
+  const double dense_top = standardizer.apply(std::span<const T>(dense_row), std::span<T>(dense));
+  std::vector<T> scratch(size, std::numeric_limits<T>::quiet_NaN());
+  std::vector<std::uint32_t> ids(top_k);
+  std::vector<T> weights(top_k);
+  double sparse_top = -1.0;
+  const std::size_t count = standardizer.apply_sparse(
+      std::span<const T>(row), std::span<T>(scratch), ids.data(), weights.data(), sparse_top);
+  std::vector<std::uint32_t> expected_ids;
+  for (std::size_t j = 0; j < size; ++j) {
+    if (dense[j] > T(0)) expected_ids.push_back(static_cast<std::uint32_t>(j));
+  }
+  REQUIRE(count == expected_ids.size());
+  CHECK(std::vector<std::uint32_t>(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(count)) ==
+        expected_ids);
+  for (std::size_t k = 0; k < count; ++k) CHECK(weights[k] == dense[ids[k]]);
+  CHECK(sparse_top == dense_top);
+}
+
 TEMPLATE_TEST_CASE("Standardizer: apply_sparse gives apply's non-zero entries bitwise",
                    "[sampling]", float, double) {
   // The decoder keeps top-k rows as their survivors: the ids in increasing order and the
@@ -411,25 +438,7 @@ TEMPLATE_TEST_CASE("Standardizer: apply_sparse gives apply's non-zero entries bi
                   << options.top_k << " top_p = " << options.top_p << " min_p = " << options.min_p);
     specdec::Standardizer<TestType> standardizer(options);
     REQUIRE(standardizer.sparse_for(size));
-    std::vector<TestType> dense(size);
-    const double dense_top =
-        standardizer.apply(std::span<const TestType>(row), std::span<TestType>(dense));
-    std::vector<TestType> scratch(size, std::numeric_limits<TestType>::quiet_NaN());
-    std::vector<std::uint32_t> ids(options.top_k);
-    std::vector<TestType> weights(options.top_k);
-    double sparse_top = -1.0;
-    const std::size_t count =
-        standardizer.apply_sparse(std::span<const TestType>(row), std::span<TestType>(scratch),
-                                  ids.data(), weights.data(), sparse_top);
-    std::vector<std::uint32_t> expected_ids;
-    for (std::size_t j = 0; j < size; ++j) {
-      if (dense[j] > TestType(0)) expected_ids.push_back(static_cast<std::uint32_t>(j));
-    }
-    REQUIRE(count == expected_ids.size());
-    CHECK(std::vector<std::uint32_t>(
-              ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(count)) == expected_ids);
-    for (std::size_t k = 0; k < count; ++k) CHECK(weights[k] == dense[ids[k]]);
-    CHECK(sparse_top == dense_top);
+    check_sparse_is_dense(standardizer, row, row);
   }
   // Rows with top_k >= V, or greedy, are not sparse.
   CHECK_FALSE(specdec::Standardizer<TestType>(SamplingOptions{.top_k = 8}).sparse_for(8));
@@ -470,30 +479,9 @@ TEMPLATE_TEST_CASE("Standardizer: apply_sparse on long rows keeps apply's surviv
                   << " top_k = " << options.top_k);
     specdec::Standardizer<TestType> standardizer(options);
     REQUIRE(standardizer.sparse_for(size));
-    std::vector<TestType> dense(size);
     std::vector<TestType> clean = row;  // apply() needs a valid row: NaN entries as zeros
     for (TestType& x : clean) x = x == x ? x : TestType(0);
-    const double dense_top =
-        standardizer.apply(std::span<const TestType>(clean), std::span<TestType>(dense));
-    std::vector<TestType> scratch(size, std::numeric_limits<TestType>::quiet_NaN());
-    std::vector<std::uint32_t> ids(options.top_k);
-    std::vector<TestType> weights(options.top_k);
-    double sparse_top = -1.0;
-    const std::size_t count =
-        standardizer.apply_sparse(std::span<const TestType>(row), std::span<TestType>(scratch),
-                                  ids.data(), weights.data(), sparse_top);
-    std::vector<std::uint32_t> expected_ids;
-    for (std::size_t j = 0; j < size; ++j) {
-      if (dense[j] > TestType(0)) expected_ids.push_back(static_cast<std::uint32_t>(j));
-    }
-    REQUIRE(count == expected_ids.size());
-    CHECK(std::vector<std::uint32_t>(
-              ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(count)) == expected_ids);
-    std::size_t differing = 0;
-    for (std::size_t k = 0; k < count; ++k)
-      differing += weights[k] == dense[ids[k]] ? std::size_t{0} : std::size_t{1};
-    CHECK(differing == 0);
-    CHECK(sparse_top == dense_top);
+    check_sparse_is_dense(standardizer, row, clean);
   }
 }
 
