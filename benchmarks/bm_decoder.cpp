@@ -289,8 +289,8 @@ void decoder_arguments(benchmark::internal::Benchmark* benchmark) {
         // T = 1: the draft's rows read in place (stable_rows) instead of copied.
         if (sampling == 0) benchmark->Args({vocab, sampling, checks, Where, 1, 1});
         // The row passes are dispatched (kernel_path.hpp): the portable kernels too, in the
-        // same run (rows in cache; top-k's selection is not dispatched).
-        if (sampling != 1 && Where == 0) {
+        // same run (rows in cache).
+        if (Where == 0) {
           benchmark->Args({vocab, sampling, checks, Where, 0, 0});
           if (specdec::best_kernel_path() == specdec::kernel_path::avx512) {
             benchmark->Args({vocab, sampling, checks, Where, 2, 0});
