@@ -8,12 +8,11 @@
 // argmax, a row's maximum), an AVX-512 build (F, BW, DQ and VL) of the same source,
 // chosen at run time from what the CPU has; on the AVX-512 path the other kernels run their
 // AVX2 build (detail::use_avx2_build). All are compiled from the same plain loops without
-// contracting multiply-adds into FMA (AVX-512 implies FMA, so its build forbids it
-// explicitly: GCC's optimize("fp-contract=off") on its functions, Clang's
-// `#pragma clang fp contract(off)` around the kernels' source), so they compute bitwise
-// identical results: the path changes the speed, never a token. (Known gap: a GCC build
-// whose own flags enable FMA, e.g. -march=native, contracts multiply-adds in the portable
-// and AVX2 builds, so there the paths can differ in the last bits; docs/performance.md.)
+// contracting multiply-adds into FMA (AVX-512 implies FMA, and a translation unit built
+// with -march=native may have it on every path, so every build forbids it explicitly:
+// GCC's optimize("fp-contract=off") on the kernels' functions and on the scalar forms of
+// the vector math, Clang's `#pragma clang fp contract(off)` around the kernels' source), so
+// they compute bitwise identical results: the path changes the speed, never a token.
 //
 // active_kernel_path() says which path runs; force_kernel_path() pins one (tests run every
 // sampling path under each; benchmarks compare them).
@@ -24,11 +23,21 @@
 
 #include "specdec/error.hpp"
 
+#if defined(__GNUC__) && !defined(__clang__)
+/// GCC: multiply-adds in this function (and in the kernel bodies inlined into it) are never
+/// contracted into FMA, whatever the translation unit's flags (-march=native included).
+#define SPECDEC_NO_CONTRACT __attribute__((optimize("fp-contract=off")))
+#else
+#define SPECDEC_NO_CONTRACT
+#endif
+/// Attribute of a kernel's portable build (and of the scalar forms of the vector math).
+#define SPECDEC_PORTABLE_KERNEL SPECDEC_NO_CONTRACT
+
 #if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
 /// 1 when the AVX2 kernels are compiled in (GCC or Clang on x86).
 #define SPECDEC_DISPATCH_AVX2 1
 /// Attribute of a kernel compiled for AVX2 (no FMA: results equal the portable path's).
-#define SPECDEC_TARGET_AVX2 __attribute__((target("avx2")))
+#define SPECDEC_TARGET_AVX2 __attribute__((target("avx2"))) SPECDEC_NO_CONTRACT
 #else
 #define SPECDEC_DISPATCH_AVX2 0
 #define SPECDEC_TARGET_AVX2

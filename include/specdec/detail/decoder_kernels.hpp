@@ -71,8 +71,8 @@ template <class T>
 // The portable builds: out of line like any inline function (not inlined at every
 // dispatching call site, which would double the code the compiler optimizes).
 template <class T>
-[[nodiscard]] inline bool plausible_probability_row_portable(const T* row, std::size_t size,
-                                                             double tolerance) noexcept {
+[[nodiscard]] SPECDEC_PORTABLE_KERNEL inline bool plausible_probability_row_portable(
+    const T* row, std::size_t size, double tolerance) noexcept {
   return plausible_probability_row_body(row, size, tolerance);
 }
 
@@ -138,9 +138,8 @@ template <bool Screen, class T>
 #endif
 
 template <bool Screen, class T>
-[[nodiscard]] inline double overlap_mass_portable(const T* target, const T* draft, T factor,
-                                                  std::size_t size,
-                                                  row_screen<T>& screen) noexcept {
+[[nodiscard]] SPECDEC_PORTABLE_KERNEL inline double overlap_mass_portable(
+    const T* target, const T* draft, T factor, std::size_t size, row_screen<T>& screen) noexcept {
   return overlap_mass_body<Screen>(target, draft, factor, size, screen);
 }
 

@@ -253,8 +253,9 @@ SPECDEC_TARGET_AVX2 void build_mass_table_avx2(const Source& source, mass_table&
 // The portable builds: out of line like any inline function (not inlined at every
 // dispatching call site, which would double the code the compiler optimizes).
 template <class Source, class BeforeBlock>
-inline void build_mass_table_portable(const Source& source, mass_table& table,
-                                      BeforeBlock& before_block) noexcept {
+SPECDEC_PORTABLE_KERNEL inline void build_mass_table_portable(const Source& source,
+                                                              mass_table& table,
+                                                              BeforeBlock& before_block) noexcept {
   build_mass_table_body(source, table, before_block);
 }
 
@@ -441,7 +442,8 @@ template <bool Screen, class T>
 #endif
 
 template <bool Screen, class T>
-[[nodiscard]] inline T span_max_portable(const T* first, std::size_t count, bool& valid) noexcept {
+[[nodiscard]] SPECDEC_PORTABLE_KERNEL inline T span_max_portable(const T* first, std::size_t count,
+                                                                 bool& valid) noexcept {
   return span_max_body<Screen>(first, count, valid);
 }
 

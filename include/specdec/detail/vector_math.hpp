@@ -232,21 +232,22 @@ SPECDEC_KERNEL_INLINE void tempered_lanes(V& x, T log_top, T scale) noexcept {
   exp_lanes(x);
 }
 
-/// Scalar forms (what a single weight uses; bitwise equal to the packs' lanes).
+/// Scalar forms (what a single weight uses; bitwise equal to the packs' lanes: out of line
+/// under GCC, so that they never take FMA contractions from a caller's -march=native).
 template <class T>
-[[nodiscard]] SPECDEC_KERNEL_INLINE T log_positive(T x) noexcept {
+[[nodiscard]] SPECDEC_PORTABLE_KERNEL inline T log_positive(T x) noexcept {
   static_assert(std::is_floating_point_v<T>);
   log_lanes(x);
   return x;
 }
 template <class T>
-[[nodiscard]] SPECDEC_KERNEL_INLINE T exp_nonpositive(T y) noexcept {
+[[nodiscard]] SPECDEC_PORTABLE_KERNEL inline T exp_nonpositive(T y) noexcept {
   static_assert(std::is_floating_point_v<T>);
   exp_lanes(y);
   return y;
 }
 template <class T>
-[[nodiscard]] SPECDEC_KERNEL_INLINE T tempered_weight(T x, T log_top, T scale) noexcept {
+[[nodiscard]] SPECDEC_PORTABLE_KERNEL inline T tempered_weight(T x, T log_top, T scale) noexcept {
   static_assert(std::is_floating_point_v<T>);
   tempered_lanes(x, log_top, scale);
   return x;
@@ -332,13 +333,14 @@ SPECDEC_TARGET_AVX512 void shifted_exp_avx512(const U* in, T* out, std::size_t s
 // The portable builds: out of line like any inline function (not inlined at every
 // dispatching call site, which would double the code the compiler optimizes).
 template <class T, class U>
-inline void tempered_weights_portable(const U* in, T* out, std::size_t size, T log_top,
-                                      T scale) noexcept {
+SPECDEC_PORTABLE_KERNEL inline void tempered_weights_portable(const U* in, T* out, std::size_t size,
+                                                              T log_top, T scale) noexcept {
   tempered_weights_body<16>(in, out, size, log_top, scale);
 }
 
 template <class T, class U>
-inline void shifted_exp_portable(const U* in, T* out, std::size_t size, T top, T scale) noexcept {
+SPECDEC_PORTABLE_KERNEL inline void shifted_exp_portable(const U* in, T* out, std::size_t size,
+                                                         T top, T scale) noexcept {
   shifted_exp_body<16>(in, out, size, top, scale);
 }
 
