@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include <catch2/catch_approx.hpp>
 #include <catch2/catch_template_test_macros.hpp>
 #include <catch2/catch_test_macros.hpp>
 
@@ -277,6 +278,82 @@ TEMPLATE_TEST_CASE("kernel_path: every path standardizes top-p rows bitwise", "[
         if (!same_bits(outputs[k][j], outputs.front()[j])) ++differing;
       }
       CHECK(differing == 0);
+    }
+  }
+}
+
+TEMPLATE_TEST_CASE("kernel_path: every path sums and lists top-p's band bitwise", "[kernel_path]",
+                   float, double) {
+  // Long rows of probabilities look for the nucleus from a sample, then take two passes:
+  // the positive mass of the row (detail::nucleus_total) and the mass of the keys above a
+  // band with the band's ids and keys listed (detail::nucleus_band). Float rows take
+  // intrinsics builds (SSE2, AVX2, AVX-512) whose double lanes must add exactly what the
+  // portable loops add: every sum bitwise, the same ids and keys in the same order, for
+  // lengths around the 16-entry chunks, the weights the keys themselves (T = 1) or another
+  // row (tempered), with zero, negative and NaN entries.
+  using T = TestType;
+  const ResetKernelPath reset;
+  const auto paths = supported_paths();
+  specdec::xoshiro256pp g(91);
+  for (int trial = 0; trial < 120; ++trial) {
+    const std::size_t size = trial % 6 == 5 ? 8192 + specdec::uniform_below(g, 60000)
+                                            : 1 + specdec::uniform_below(g, 700);
+    std::vector<T> key(size);
+    std::vector<T> weight(size);
+    for (std::size_t j = 0; j < size; ++j) {
+      key[j] = static_cast<T>(std::exp(2.5 * specdec::testing::standard_normal(g)));
+      weight[j] = static_cast<T>(std::pow(static_cast<double>(key[j]), 1.4));
+    }
+    if (trial % 4 == 1) key[specdec::uniform_below(g, size)] = T(-0.25);
+    if (trial % 4 == 2) key[specdec::uniform_below(g, size)] = std::numeric_limits<T>::quiet_NaN();
+    if (trial % 4 == 3) key[specdec::uniform_below(g, size)] = T(0);
+    const bool tempered = trial % 2 == 1;
+    const T* weights = tempered ? weight.data() : key.data();
+    // A band around the middle of the sorted keys, between two keys of the row.
+    std::vector<T> sorted;
+    for (const T x : key) {
+      if (x > T(0)) sorted.push_back(x);
+    }
+    if (sorted.size() < 2) continue;
+    std::sort(sorted.begin(), sorted.end());
+    const T low = sorted[sorted.size() / 3];
+    const T high = sorted[sorted.size() / 3 + 1 + specdec::uniform_below(g, sorted.size() / 2)];
+    struct outcome {
+      double total;
+      double head;
+      std::vector<std::uint32_t> ids;
+      std::vector<T> keys;
+    };
+    std::vector<outcome> outcomes;
+    for (const kernel_path path : paths) {
+      specdec::force_kernel_path(path);
+      std::vector<std::uint32_t> ids(size + specdec::detail::nucleus_band_slack);
+      std::vector<T> keys(size + specdec::detail::nucleus_band_slack);
+      const double total = specdec::detail::nucleus_total(weights, size);
+      const auto found = specdec::detail::nucleus_band(key.data(), weights, size, high, low,
+                                                       ids.data(), keys.data());
+      ids.resize(found.count);
+      keys.resize(found.count);
+      outcomes.push_back({total, found.head, std::move(ids), std::move(keys)});
+    }
+    // The portable result against a plain reading of the definition.
+    double head = 0.0;
+    std::vector<std::uint32_t> expected_ids;
+    for (std::size_t j = 0; j < size; ++j) {
+      if (key[j] >= high) head += static_cast<double>(weights[j]);
+      if (key[j] >= low && key[j] < high) expected_ids.push_back(static_cast<std::uint32_t>(j));
+    }
+    INFO("trial " << trial << ", size " << size << (tempered ? ", tempered" : ""));
+    const outcome& first = outcomes.front();
+    CHECK(first.ids == expected_ids);
+    CHECK(first.head == Catch::Approx(head).epsilon(1e-12));
+    for (std::size_t i = 0; i < first.ids.size(); ++i)
+      CHECK(same_bits(first.keys[i], key[first.ids[i]]));
+    for (std::size_t k = 1; k < outcomes.size(); ++k) {
+      CHECK(same_bits(outcomes[k].total, first.total));
+      CHECK(same_bits(outcomes[k].head, first.head));
+      CHECK(outcomes[k].ids == first.ids);
+      CHECK(outcomes[k].keys == first.keys);
     }
   }
 }

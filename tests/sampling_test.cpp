@@ -314,6 +314,37 @@ TEMPLATE_TEST_CASE("Standardizer: combined settings match the full-sort referenc
   }
 }
 
+/// `out` (a standardized row) keeps the shortest prefix of the ranking of `row` (higher
+/// first, lower id first among ties) whose mass reaches top_p of the row's (within `slack`
+/// times the row's mass: sums in other orders), nothing else, normalised to 1.
+template <class T>
+void check_shortest_prefix(const std::vector<T>& row, const std::vector<T>& out, double top_p,
+                           double slack = 1e-9) {
+  const std::size_t size = row.size();
+  std::vector<std::size_t> order;
+  for (std::size_t j = 0; j < size; ++j) {
+    if (row[j] > T(0)) order.push_back(j);
+  }
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return row[a] > row[b] || (row[a] == row[b] && a < b);
+  });
+  std::size_t kept = 0;
+  while (kept < order.size() && out[order[kept]] > T(0)) ++kept;
+  REQUIRE(kept > 0);
+  CHECK(support(out).size() == kept);  // nothing outside the prefix
+  double mass = 0.0;
+  double all = 0.0;
+  for (std::size_t i = 0; i < order.size(); ++i) all += static_cast<double>(row[order[i]]);
+  for (std::size_t i = 0; i < kept; ++i) mass += static_cast<double>(row[order[i]]);
+  const double last = static_cast<double>(row[order[kept - 1]]);
+  CHECK(mass >= top_p * all - slack * all);
+  CHECK(mass - last < top_p * all + slack * all);
+  // The kept weights are the row's, normalised by the kept mass.
+  double kept_total = 0.0;
+  for (const T x : out) kept_total += static_cast<double>(x);
+  CHECK(kept_total == Catch::Approx(1.0).epsilon(1e-5));
+}
+
 TEMPLATE_TEST_CASE("Standardizer: top-p on long rows of every shape keeps the shortest prefix",
                    "[sampling]", float, double) {
   // The histogram, collection and masking kernels of top-p work on chunks of 64 entries
@@ -359,29 +390,72 @@ TEMPLATE_TEST_CASE("Standardizer: top-p on long rows of every shape keeps the sh
     const double top_p = shape == 4 ? 0.9 : 0.05 + 0.9 * specdec::uniform01<double>(g);
     INFO("trial " << trial << ", shape " << shape << ", V = " << size << ", top_p " << top_p);
     const auto out = standardized(row, {.top_p = top_p});
-    std::vector<std::size_t> order;
-    for (std::size_t j = 0; j < size; ++j) {
-      if (row[j] > T(0)) order.push_back(j);
+    check_shortest_prefix(row, out, top_p);
+  }
+}
+
+TEMPLATE_TEST_CASE("Standardizer: top-p from a sample places the nucleus of long rows",
+                   "[sampling]", float, double) {
+  // Rows of at least 4096 probabilities find the nucleus from a sample of about 2048 evenly
+  // spaced entries, which places its end in a band; only the band is ranked. On the rows of
+  // language models (softmax of Gaussian logits, log-normal tails, one dominant token) the
+  // band must hold the end: no row may need the full histogram (a band placed wrongly would
+  // pass every other test through that fallback), and the kept set is the shortest prefix.
+  using T = TestType;
+  specdec::xoshiro256pp g(4099);
+  for (const double temperature : {1.0, 0.7}) {
+    specdec::Standardizer<T> standardizer({.temperature = temperature, .top_p = 0.9});
+    for (int trial = 0; trial < 24; ++trial) {
+      const std::size_t size = 4096 + specdec::uniform_below(g, 130000);
+      const double spread = 1.0 + 0.25 * static_cast<double>(trial % 8);
+      std::vector<T> row(size);
+      for (auto& x : row) {
+        x = static_cast<T>(std::exp(spread * specdec::testing::standard_normal(g)));
+      }
+      if (trial % 3 == 2) row[specdec::uniform_below(g, size)] = T(3e4);  // one dominant token
+      double total = 0.0;
+      for (const T x : row) total += static_cast<double>(x);
+      for (auto& x : row) x = static_cast<T>(static_cast<double>(x) / total);
+      std::vector<T> out(size);
+      standardizer.apply(std::span<const T>(row), std::span<T>(out));
+      INFO("T = " << temperature << ", trial " << trial << ", V = " << size);
+      std::vector<T> weights(size);  // the tempered weights, as a T = 1 row
+      for (std::size_t j = 0; j < size; ++j) {
+        weights[j] = static_cast<T>(std::pow(static_cast<double>(row[j]), 1.0 / temperature));
+      }
+      check_shortest_prefix(weights, out, 0.9, temperature == 1.0 ? 1e-9 : 1e-5);
     }
-    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
-      return row[a] > row[b] || (row[a] == row[b] && a < b);
-    });
-    std::size_t kept = 0;
-    while (kept < order.size() && out[order[kept]] > T(0)) ++kept;
-    REQUIRE(kept > 0);
-    CHECK(support(out).size() == kept);  // nothing outside the prefix
-    double mass = 0.0;
-    double all = 0.0;
-    for (std::size_t i = 0; i < order.size(); ++i) all += static_cast<double>(row[order[i]]);
-    for (std::size_t i = 0; i < kept; ++i) mass += static_cast<double>(row[order[i]]);
-    const double last = static_cast<double>(row[order[kept - 1]]);
-    const double slack = 1e-9 * all;  // sums in a different order
-    CHECK(mass >= top_p * all - slack);
-    CHECK(mass - last < top_p * all + slack);
-    // The kept weights are the row's, normalised by the kept mass.
-    double kept_total = 0.0;
-    for (const T x : out) kept_total += static_cast<double>(x);
-    CHECK(kept_total == Catch::Approx(1.0).epsilon(1e-5));
+    CHECK(standardizer.nucleus_fallbacks() == 0);
+  }
+}
+
+TEMPLATE_TEST_CASE("Standardizer: top-p falls back to the full histogram when the sample misleads",
+                   "[sampling]", float, double) {
+  // The sample is every stride-th entry from stride / 2 (stride = V / 2048). Rows whose
+  // sampled entries are unrepresentative: all tiny (the sample sees no tail, so the band
+  // sits at the top, above the end of the nucleus), or all equal and moderately small (the
+  // sample sees a heavy tail at one level, so the band sits below the end). Each row must
+  // be found out (the end not in the band) and still give the shortest prefix, through the
+  // full histogram.
+  using T = TestType;
+  specdec::xoshiro256pp g(4111);
+  specdec::Standardizer<T> standardizer({.top_p = 0.9});
+  constexpr int trials = 16;
+  for (int trial = 0; trial < trials; ++trial) {
+    const std::size_t size = 4096 + specdec::uniform_below(g, 60000);
+    std::vector<T> row(size);
+    for (auto& x : row) x = static_cast<T>(std::exp(2.5 * specdec::testing::standard_normal(g)));
+    const std::size_t stride = size / 2048;
+    const T planted = trial % 2 == 0 ? T(1e-30) : T(4.5);  // the log-normal mean is about 22.7
+    for (std::size_t j = stride / 2; j < size; j += stride) row[j] = planted;
+    double total = 0.0;
+    for (const T x : row) total += static_cast<double>(x);
+    for (auto& x : row) x = static_cast<T>(static_cast<double>(x) / total);
+    std::vector<T> out(size);
+    standardizer.apply(std::span<const T>(row), std::span<T>(out));
+    INFO("trial " << trial << ", V = " << size);
+    check_shortest_prefix(row, out, 0.9);
+    CHECK(standardizer.nucleus_fallbacks() == static_cast<std::size_t>(trial + 1));
   }
 }
 

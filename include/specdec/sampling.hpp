@@ -38,6 +38,7 @@
 #include <Eigen/Core>
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -109,11 +110,16 @@ struct SamplingOptions {
 /// top-k they are computed for the k survivors only (the order is taken from the input, which
 /// temperature does not change). Top-k: one pass with a heap for k <= V/16, else nth_element;
 /// apply_sparse (top-k rows kept as their survivors, as the decoder keeps them): one vectorized
-/// pass of block maxima, then only the blocks that can hold the top k are read again. Top-p: one
-/// histogram pass over the binary exponents of the weights (it also writes each entry's bucket,
-/// 2 bytes), a selection among the tokens of the bucket where the nucleus ends (expected linear
-/// time), then one pass writing the kept weights normalised by the nucleus mass; at T = 1 the
-/// weights are read from the input itself (no copy first).
+/// pass of block maxima, then only the blocks that can hold the top k are read again. Top-p on
+/// rows of at least 4096 probabilities: one pass for the row's mass, a sample of about 2048
+/// evenly spaced entries that places the end of the nucleus in a band, one pass summing the
+/// keys above the band and listing the band (both sums in double lanes), a histogram and a
+/// selection within the band only, then one pass writing the kept weights normalised by the
+/// nucleus mass (nucleus_fallbacks() counts the rows where the band missed the end and the
+/// full histogram ran instead). Shorter rows and logits: one histogram pass over the binary
+/// exponents of the weights (it also writes each entry's bucket, 2 bytes), a selection among
+/// the tokens of the bucket where the nucleus ends (expected linear time), then the same
+/// writing pass. At T = 1 the weights are read from the input itself (no copy first).
 template <ProbabilityScalar T>
 class Standardizer {
  public:
@@ -143,6 +149,11 @@ class Standardizer {
     }
   }
 
+  /// Diagnostics: how many rows' top-p nucleus the sample did not place, so that the full
+  /// histogram found it (long rows of probabilities; see find_nucleus_sampled). A few in a
+  /// thousand on language-model rows; each costs a few more passes over its row.
+  [[nodiscard]] std::size_t nucleus_fallbacks() const noexcept { return nucleus_fallbacks_; }
+
   /// Writes the standardized `probabilities` into `out` (same size, not overlapping) and
   /// returns the largest standardized probability.
   template <ProbabilityScalar U>
@@ -171,7 +182,7 @@ class Standardizer {
       const T* key_weights = nullptr;
       if constexpr (std::is_same_v<U, T>) key_weights = probabilities.data();
       return finish(
-          probabilities, out, U(0), min_key, use_min_p, static_cast<T>(maximum),
+          probabilities, out, U(0), maximum, min_key, use_min_p, static_cast<T>(maximum),
           [probabilities](std::size_t j) { return static_cast<T>(probabilities[j]); },
           [probabilities](std::span<T> all) {
             std::transform(probabilities.begin(), probabilities.end(), all.begin(),
@@ -193,7 +204,7 @@ class Standardizer {
         std::max(static_cast<T>(inverse_temperature), std::numeric_limits<T>::denorm_min());
     const T log_top = detail::log_positive(static_cast<T>(maximum));
     return finish(
-        probabilities, out, U(0), min_key, use_min_p, T(1),
+        probabilities, out, U(0), maximum, min_key, use_min_p, T(1),
         [probabilities, log_top, scale](std::size_t j) {
           return detail::tempered_weight(static_cast<T>(probabilities[j]), log_top, scale);
         },
@@ -291,7 +302,7 @@ class Standardizer {
         std::max(static_cast<T>(inverse_temperature), std::numeric_limits<T>::denorm_min());
     const auto top = static_cast<T>(maximum);
     return finish(
-        logits, out, impossible, min_key, use_min_p, T(1),
+        logits, out, impossible, maximum, min_key, use_min_p, T(1),
         [logits, top, scale](std::size_t j) {
           return detail::exp_nonpositive((static_cast<T>(logits[j]) - top) * scale);
         },
@@ -325,7 +336,7 @@ class Standardizer {
   template <class U>
   double uniform_over_maxima(std::span<const U> key, std::span<T> out, U maximum, U floor) {
     return finish(
-        key, out, floor, maximum, false, T(1),
+        key, out, floor, maximum, maximum, false, T(1),
         [key, maximum](std::size_t j) { return key[j] == maximum ? T(1) : T(0); },
         [key, maximum](std::span<T> all) {
           std::transform(key.begin(), key.end(), all.begin(),
@@ -339,8 +350,8 @@ class Standardizer {
   // writes every weight; top_weight is the weight of the top token. min-p keeps key >=
   // min_key.
   template <class U, class WeightOf, class FillAll>
-  double finish(std::span<const U> key, std::span<T> out, U floor, U min_key, bool use_min_p,
-                T top_weight, WeightOf weight_of, FillAll fill_all,
+  double finish(std::span<const U> key, std::span<T> out, U floor, U top_key, U min_key,
+                bool use_min_p, T top_weight, WeightOf weight_of, FillAll fill_all,
                 const T* key_weights = nullptr) {
     const std::size_t size = key.size();
     const std::size_t k = options_.top_k;
@@ -377,7 +388,8 @@ class Standardizer {
         fill_all(out);
         weights = out.data();
       }
-      const auto kept = find_nucleus(key, std::span<const T>(weights, size), floor, top_weight);
+      const auto kept =
+          find_nucleus(key, std::span<const T>(weights, size), floor, top_key, top_weight);
       if (!(kept.mass > 0.0)) {
         std::fill(out.begin(), out.end(), T(0));
         return 0.0;
@@ -388,7 +400,7 @@ class Standardizer {
     }
     fill_all(out);
     if (options_.top_p < 1.0) {
-      const auto kept = find_nucleus(key, std::span<const T>(out), floor, top_weight);
+      const auto kept = find_nucleus(key, std::span<const T>(out), floor, top_key, top_weight);
       detail::nucleus_keep(key.data(), out.data(), out.data(), size, kept.last_key, kept.last,
                            T(1));
     }
@@ -588,9 +600,14 @@ class Standardizer {
 
   // Top-p over a full row of weights (monotone in the keys): finds the nucleus.
   template <class U>
-  nucleus<U> find_nucleus(std::span<const U> key, std::span<const T> weights, U floor,
+  nucleus<U> find_nucleus(std::span<const U> key, std::span<const T> weights, U floor, U top_key,
                           T top_weight) {
     const std::size_t size = key.size();
+    if (floor == U(0) && size >= nucleus_sampled_from) {
+      const auto found = find_nucleus_sampled(key, weights, top_key);
+      if (found.second) return found.first;
+      ++nucleus_fallbacks_;
+    }
     // Histogram of the mass over buckets of width 2^(1/16) below the top weight (binary
     // exponent and 4 mantissa bits; detail::nucleus_histogram). Weights are monotone in the
     // key, so the buckets above the one where the cumulated mass reaches `needed` hold a
@@ -628,6 +645,141 @@ class Standardizer {
     double mass = above;
     for (auto it = index_.begin(); it != end; ++it) mass += static_cast<double>(weights[*it]);
     return {key[last], last, mass};
+  }
+
+  // Rows of probabilities at least this long look for the nucleus from a sample first.
+  static constexpr std::size_t nucleus_sampled_from = 4096;
+  // About this many entries are sampled, evenly spaced.
+  static constexpr std::size_t nucleus_sample = 2048;
+  // The band reaches this many standard errors of the sampled mass on either side.
+  static constexpr double nucleus_band_width = 3.5;
+  // Buckets of the band's own histogram.
+  static constexpr std::size_t band_buckets = 1024;
+
+  // find_nucleus for a long row of probabilities (key > 0 for every possible token):
+  //  1. the mass of the row (one pass in double lanes, detail::nucleus_total);
+  //  2. every stride-th entry estimates the mass below each bucket of width 2^(1/16) under
+  //     the top key, with its standard error (stride * sqrt(sum of the squared sampled
+  //     weights below)); the band is the buckets where the end of the nucleus may lie
+  //     within nucleus_band_width standard errors;
+  //  3. one pass sums the keys above the band exactly and lists the band's ids
+  //     (detail::nucleus_band);
+  //  4. a histogram of the band alone (buckets of its key bits) finds the bucket where the
+  //     mass reaches p times the total; only that bucket's tokens are ranked.
+  // When the end is not in the band after all (a rare sample), .second is false and the
+  // caller builds the full histogram. The mass is the one above the band, then the band's
+  // buckets above the end's, then its kept tokens in id order: one order on every path, and
+  // one band in every build (the estimates are never contracted into FMA, whatever the flags).
+  template <class U>
+  SPECDEC_NO_CONTRACT std::pair<nucleus<U>, bool> find_nucleus_sampled(std::span<const U> key,
+                                                                       std::span<const T> weights,
+                                                                       U top_key) {
+    using word = std::conditional_t<sizeof(U) == 8, std::uint64_t, std::uint32_t>;
+    const std::size_t size = key.size();
+    const nucleus<U> none{U(0), 0, 0.0};
+    const double total = detail::nucleus_total(weights.data(), size);
+    if (!(total > 0.0 && total <= std::numeric_limits<double>::max())) return {none, false};
+    const double needed = options_.top_p * total;
+    constexpr std::size_t buckets = detail::nucleus_buckets;
+    const std::int64_t top_code = detail::magnitude_code(top_key);
+    // histogram_: the sampled weight per bucket, then the sampled squared weight.
+    histogram_.assign(2 * buckets, 0.0);
+    double* const sampled = histogram_.data();
+    double* const squared = sampled + buckets;
+    const std::size_t stride = size / nucleus_sample;
+    for (std::size_t j = stride / 2; j < size; j += stride) {
+      const U value = key[j];
+      const auto weight = static_cast<double>(weights[j]);
+      if (!(value > U(0) && weight > 0.0)) continue;
+      const std::int64_t offset = std::clamp<std::int64_t>(top_code - detail::magnitude_code(value),
+                                                           0, std::int64_t{buckets - 1});
+      sampled[offset] += weight;
+      squared[offset] += weight * weight;
+    }
+    // H(b), the mass of the buckets up to b, grows with b. b is surely short when even the
+    // estimate plus the margin misses `needed`, surely enough when the estimate minus the
+    // margin reaches it; the band runs from after the last short bucket to the first
+    // enough one.
+    const auto scale = static_cast<double>(stride);
+    double below = 0.0;          // sampled weight in the buckets after b
+    double below_squared = 0.0;  // and its squares
+    for (std::size_t b = 1; b < buckets; ++b) {
+      below += sampled[b];
+      below_squared += squared[b];
+    }
+    std::size_t first = 0;
+    std::size_t last = buckets - 1;
+    for (std::size_t b = 0; b < buckets; ++b) {
+      const double estimate = total - scale * below;
+      const double margin = nucleus_band_width * scale * std::sqrt(below_squared);
+      if (estimate - margin >= needed) {
+        last = b;
+        break;
+      }
+      if (estimate + margin < needed) first = b + 1;
+      if (b + 1 < buckets) {
+        below = std::max(below - sampled[b + 1], 0.0);
+        below_squared = std::max(below_squared - squared[b + 1], 0.0);
+      }
+    }
+    first = std::min(first, last);
+    const U high = detail::from_magnitude_code<U>(top_code - static_cast<std::int64_t>(first) + 1);
+    const U low =
+        std::max(last + 1 == buckets
+                     ? U(0)
+                     : detail::from_magnitude_code<U>(top_code - static_cast<std::int64_t>(last)),
+                 std::numeric_limits<U>::denorm_min());
+    if (!(low < high)) return {none, false};  // keys near the smallest positive number
+    if (band_.size() < size + detail::nucleus_band_slack) {
+      band_.resize(size + detail::nucleus_band_slack);
+    }
+    auto& band_keys = band_keys_<U>();
+    if (band_keys.size() < size + detail::nucleus_band_slack) {
+      band_keys.resize(size + detail::nucleus_band_slack);
+    }
+    const auto found = detail::nucleus_band(key.data(), weights.data(), size, high, low,
+                                            band_.data(), band_keys.data());
+    if (!(found.head < needed)) return {none, false};
+    // The band's histogram: buckets of equal width in the key bits (monotone in the key for
+    // positive keys), the highest keys in the highest bucket.
+    const auto low_bits = std::bit_cast<word>(low);
+    const word span = std::bit_cast<word>(high) - low_bits;
+    const auto shift =
+        static_cast<unsigned>(std::max(0, static_cast<int>(std::bit_width(span)) -
+                                              static_cast<int>(std::bit_width(band_buckets - 1))));
+    const auto used = static_cast<std::size_t>(((span - 1) >> shift) + 1);  // <= band_buckets
+    histogram_.assign(used, 0.0);
+    double* const band_mass = histogram_.data();
+    const std::uint32_t* const band = band_.data();
+    const U* const band_key = band_keys.data();
+    // codes_: each band entry's bucket.
+    codes_.resize(found.count);
+    std::uint16_t* const code = codes_.data();
+    for (std::size_t i = 0; i < found.count; ++i) {
+      code[i] = static_cast<std::uint16_t>((std::bit_cast<word>(band_key[i]) - low_bits) >> shift);
+    }
+    for (std::size_t i = 0; i < found.count; ++i) {
+      band_mass[code[i]] += static_cast<double>(weights[band[i]]);
+    }
+    double above = found.head;
+    std::size_t boundary = used;
+    while (boundary-- > 0) {
+      if (above + band_mass[boundary] >= needed) break;
+      above += band_mass[boundary];
+    }
+    if (boundary >= used) return {none, false};  // the end lies below the band
+    index_.clear();
+    for (std::size_t i = 0; i < found.count; ++i) {
+      if (code[i] == boundary) index_.push_back(band[i]);
+    }
+    const auto [end, reached] =
+        nucleus_end(key, weights, index_.begin(), index_.end(), needed - above);
+    if (!reached) return {none, false};  // rounding between the two orders of addition
+    const std::uint32_t end_id = *(end - 1);
+    std::sort(index_.begin(), end);
+    double mass = above;
+    for (auto it = index_.begin(); it != end; ++it) mass += static_cast<double>(weights[*it]);
+    return {{key[end_id], end_id, mass}, true};
   }
 
   // Ranks [first, last) (higher key first, lower id first) far enough to find the end of
@@ -674,6 +826,18 @@ class Standardizer {
   std::vector<std::uint32_t> block_ids_;  // the blocks select_top_k_from_blocks ranks
   std::vector<double> histogram_;         // find_nucleus: two histograms of bucket masses
   std::vector<std::uint16_t> codes_;      // find_nucleus: the bucket of every entry
+  std::size_t nucleus_fallbacks_ = 0;     // rows find_nucleus_sampled did not place
+  std::vector<std::uint32_t> band_;       // find_nucleus_sampled: the band's ids
+  std::vector<float> band_float_keys_;    // and their keys (float or double keys)
+  std::vector<double> band_double_keys_;
+  template <class U>
+  std::vector<U>& band_keys_() noexcept {
+    if constexpr (std::is_same_v<U, float>) {
+      return band_float_keys_;
+    } else {
+      return band_double_keys_;
+    }
+  }
 };
 
 /// Convenience: the standardized copy of one row (allocates; use a Standardizer in loops).

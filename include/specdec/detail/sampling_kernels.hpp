@@ -17,6 +17,10 @@
 #include "specdec/detail/vector_math.hpp"
 #include "specdec/kernel_path.hpp"
 
+#if SPECDEC_DISPATCH_AVX2 || defined(__SSE2__)
+#include <immintrin.h>
+#endif
+
 namespace specdec::detail {
 
 SPECDEC_KERNELS_BEGIN
@@ -255,8 +259,9 @@ SPECDEC_TARGET_AVX512 T block_maxima_avx512(const T* key, std::size_t size, doub
 #endif
 
 template <bool Screen, class T>
-inline T block_maxima_portable(const T* key, std::size_t size, double* block_max,
-                               row_screen<T>* screen) noexcept {
+SPECDEC_PORTABLE_KERNEL inline T block_maxima_portable(const T* key, std::size_t size,
+                                                       double* block_max,
+                                                       row_screen<T>* screen) noexcept {
   return block_maxima_body<16, Screen>(key, size, block_max, screen);
 }
 
@@ -462,19 +467,22 @@ SPECDEC_TARGET_AVX2 void nucleus_keep_avx2(const U* key, const T* weights, T* ou
 // The portable builds: out of line like any inline function (not inlined at every
 // dispatching call site, which would double the code the compiler optimizes).
 template <class T>
-inline void nucleus_histogram_portable(const T* weights, std::size_t size, std::int32_t top_code,
-                                       double* mass, std::uint16_t* codes) noexcept {
+SPECDEC_PORTABLE_KERNEL inline void nucleus_histogram_portable(const T* weights, std::size_t size,
+                                                               std::int32_t top_code, double* mass,
+                                                               std::uint16_t* codes) noexcept {
   nucleus_histogram_body(weights, size, top_code, mass, codes);
 }
 
-inline void nucleus_collect_portable(const std::uint16_t* codes, std::size_t size,
-                                     std::uint16_t wanted, std::vector<std::uint32_t>& ids) {
+SPECDEC_PORTABLE_KERNEL inline void nucleus_collect_portable(const std::uint16_t* codes,
+                                                             std::size_t size, std::uint16_t wanted,
+                                                             std::vector<std::uint32_t>& ids) {
   nucleus_collect_body(codes, size, wanted, ids);
 }
 
 template <class U, class T>
-inline void nucleus_keep_portable(const U* key, const T* weights, T* out, std::size_t size,
-                                  U last_key, std::size_t last, T scale) noexcept {
+SPECDEC_PORTABLE_KERNEL inline void nucleus_keep_portable(const U* key, const T* weights, T* out,
+                                                          std::size_t size, U last_key,
+                                                          std::size_t last, T scale) noexcept {
   nucleus_keep_body<16>(key, weights, out, size, last_key, last, scale);
 }
 
@@ -501,6 +509,375 @@ inline void nucleus_keep(const U* key, const T* weights, T* out, std::size_t siz
   if (use_avx2_build()) return nucleus_keep_avx2(key, weights, out, size, last_key, last, scale);
 #endif
   nucleus_keep_portable(key, weights, out, size, last_key, last, scale);
+}
+
+// ---------------------------------------------------------------------------------------
+// Top-p over a long row of probabilities from a sample (Standardizer::find_nucleus): the
+// positive mass of the row, then one pass that sums the weights whose key reaches `high`
+// (kept whole) and lists the ids whose key lies in [low, high) (the band where a sample
+// placed the end of the nucleus), so that only the band is ranked. Both sums run in
+// sampling_lanes double lanes, entry j into lane j % sampling_lanes, each lane in id
+// order, the lanes combined in one fixed order: bitwise the same on every path, and never
+// smaller for a larger set of entries (each lane's additions are monotone). Float rows
+// take AVX2 and AVX-512 builds written with intrinsics (a lane skipped by a mask equals a
+// lane adding +0); other rows take the portable loops on every path.
+// ---------------------------------------------------------------------------------------
+
+/// Double accumulators of nucleus_total and nucleus_band: entry j goes to lane
+/// j % nucleus_lanes.
+inline constexpr std::size_t nucleus_lanes = 16;
+using nucleus_lane_array = std::array<double, nucleus_lanes>;
+/// Entries nucleus_band may write past the last id it lists.
+inline constexpr std::size_t nucleus_band_slack = 16;
+
+/// What nucleus_band finds: the mass of the keys >= high and how many ids it listed.
+struct nucleus_band_found {
+  double head;
+  std::size_t count;
+};
+
+/// Adds the entries from j on (lane k taking entry j + k, k < nucleus_lanes) and combines
+/// the lanes pairwise in a fixed order.
+template <class T>
+[[nodiscard]] SPECDEC_KERNEL_INLINE double nucleus_total_finish(nucleus_lane_array& lanes,
+                                                                const T* weights, std::size_t j,
+                                                                std::size_t size) noexcept {
+  for (std::size_t k = 0; j + k < size; ++k) {
+    const T weight = weights[j + k];
+    lanes[k] += weight > T(0) ? static_cast<double>(weight) : 0.0;
+  }
+  for (std::size_t width = nucleus_lanes / 2; width != 0; width /= 2) {
+    for (std::size_t k = 0; k < width; ++k) lanes[k] += lanes[k + width];
+  }
+  return lanes[0];
+}
+
+template <class U, class T>
+[[nodiscard]] SPECDEC_KERNEL_INLINE nucleus_band_found nucleus_band_finish(
+    nucleus_lane_array& lanes, const U* key, const T* weights, std::size_t j, std::size_t size,
+    U high, U low, std::uint32_t* band, U* band_keys, std::size_t count) noexcept {
+  for (std::size_t k = 0; j + k < size; ++k) {
+    const U value = key[j + k];
+    lanes[k] += value >= high ? static_cast<double>(weights[j + k]) : 0.0;
+    band[count] = static_cast<std::uint32_t>(j + k);
+    band_keys[count] = value;
+    count += ((value >= low) & (value < high)) ? std::size_t{1} : std::size_t{0};
+  }
+  for (std::size_t width = nucleus_lanes / 2; width != 0; width /= 2) {
+    for (std::size_t k = 0; k < width; ++k) lanes[k] += lanes[k + width];
+  }
+  return {lanes[0], count};
+}
+
+/// Lists j + (the set bits of `mask`) in increasing order.
+template <class U>
+SPECDEC_KERNEL_INLINE void list_mask_bits(std::uint32_t mask, std::size_t j, const U* key,
+                                          std::uint32_t* band, U* band_keys,
+                                          std::size_t& count) noexcept {
+  while (mask != 0) {
+    const std::size_t id = j + static_cast<unsigned>(std::countr_zero(mask));
+    band[count] = static_cast<std::uint32_t>(id);
+    band_keys[count] = key[id];
+    ++count;
+    mask &= mask - 1;
+  }
+}
+
+#if defined(__SSE2__)
+// The portable build on x86-64 (SSE2 is part of the architecture): the same lanes in
+// 16-byte packs.
+SPECDEC_PORTABLE_KERNEL inline double nucleus_total_sse2(const float* weights,
+                                                         std::size_t size) noexcept {
+  constexpr std::size_t packs = nucleus_lanes / 2;
+  __m128d sum[packs];
+  for (auto& pack : sum) pack = _mm_setzero_pd();
+  const __m128 zero = _mm_setzero_ps();
+  std::size_t j = 0;
+  for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
+    for (std::size_t h = 0; h < packs / 2; ++h) {
+      const __m128 w = _mm_loadu_ps(weights + j + 4 * h);
+      const __m128 kept = _mm_and_ps(w, _mm_cmpgt_ps(w, zero));
+      sum[2 * h] = _mm_add_pd(sum[2 * h], _mm_cvtps_pd(kept));
+      sum[2 * h + 1] = _mm_add_pd(sum[2 * h + 1], _mm_cvtps_pd(_mm_movehl_ps(kept, kept)));
+    }
+  }
+  nucleus_lane_array lanes;
+  for (std::size_t q = 0; q < packs; ++q) _mm_storeu_pd(lanes.data() + 2 * q, sum[q]);
+  return nucleus_total_finish(lanes, weights, j, size);
+}
+
+template <bool KeyIsWeight>
+SPECDEC_PORTABLE_KERNEL nucleus_band_found nucleus_band_sse2(const float* key, const float* weights,
+                                                             std::size_t size, float high,
+                                                             float low, std::uint32_t* band,
+                                                             float* band_keys) noexcept {
+  constexpr std::size_t packs = nucleus_lanes / 2;
+  __m128d sum[packs];
+  for (auto& pack : sum) pack = _mm_setzero_pd();
+  const __m128 top = _mm_set1_ps(high);
+  const __m128 bottom = _mm_set1_ps(low);
+  std::size_t count = 0;
+  std::size_t j = 0;
+  for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
+    std::uint32_t in_band = 0;
+    for (std::size_t h = 0; h < packs / 2; ++h) {
+      const __m128 k = _mm_loadu_ps(key + j + 4 * h);
+      const __m128 w = KeyIsWeight ? k : _mm_loadu_ps(weights + j + 4 * h);
+      const __m128 kept = _mm_and_ps(w, _mm_cmpge_ps(k, top));
+      sum[2 * h] = _mm_add_pd(sum[2 * h], _mm_cvtps_pd(kept));
+      sum[2 * h + 1] = _mm_add_pd(sum[2 * h + 1], _mm_cvtps_pd(_mm_movehl_ps(kept, kept)));
+      const __m128 inside = _mm_and_ps(_mm_cmpge_ps(k, bottom), _mm_cmplt_ps(k, top));
+      in_band |= static_cast<std::uint32_t>(_mm_movemask_ps(inside)) << (4 * h);
+    }
+    list_mask_bits(in_band, j, key, band, band_keys, count);
+  }
+  nucleus_lane_array lanes;
+  for (std::size_t q = 0; q < packs; ++q) _mm_storeu_pd(lanes.data() + 2 * q, sum[q]);
+  return nucleus_band_finish(lanes, key, weights, j, size, high, low, band, band_keys, count);
+}
+#endif
+
+/// The sum of the positive weights of a row (NaN, zero and negative weights add nothing).
+template <class T>
+[[nodiscard]] SPECDEC_PORTABLE_KERNEL inline double nucleus_total_portable(
+    const T* weights, std::size_t size) noexcept {
+#if defined(__SSE2__)
+  if constexpr (std::is_same_v<T, float>) return nucleus_total_sse2(weights, size);
+#endif
+  nucleus_lane_array lanes{};
+  std::size_t j = 0;
+  for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
+    for (std::size_t k = 0; k < nucleus_lanes; ++k) {
+      const T weight = weights[j + k];
+      lanes[k] += weight > T(0) ? static_cast<double>(weight) : 0.0;
+    }
+  }
+  return nucleus_total_finish(lanes, weights, j, size);
+}
+
+/// head = the sum of weights[j] over the keys >= high; band = the ids j with
+/// low <= key[j] < high, in increasing order, band_keys = their keys (each with room for
+/// every entry of the row and nucleus_band_slack more: the vector builds store whole packs).
+template <class U, class T>
+[[nodiscard]] SPECDEC_PORTABLE_KERNEL inline nucleus_band_found nucleus_band_portable(
+    const U* key, const T* weights, std::size_t size, U high, U low, std::uint32_t* band,
+    U* band_keys) noexcept {
+#if defined(__SSE2__)
+  if constexpr (std::is_same_v<U, float> && std::is_same_v<T, float>) {
+    return static_cast<const void*>(key) == static_cast<const void*>(weights)
+               ? nucleus_band_sse2<true>(key, weights, size, high, low, band, band_keys)
+               : nucleus_band_sse2<false>(key, weights, size, high, low, band, band_keys);
+  }
+#endif
+  nucleus_lane_array lanes{};
+  std::size_t count = 0;
+  std::size_t j = 0;
+  for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
+    unsigned any = 0;
+    for (std::size_t k = 0; k < nucleus_lanes; ++k) {
+      const U value = key[j + k];
+      lanes[k] += value >= high ? static_cast<double>(weights[j + k]) : 0.0;
+      any |= ((value >= low) & (value < high)) ? 1U : 0U;
+    }
+    if (any == 0) continue;
+    for (std::size_t k = 0; k < nucleus_lanes; ++k) {
+      const U value = key[j + k];
+      band[count] = static_cast<std::uint32_t>(j + k);
+      band_keys[count] = value;
+      count += ((value >= low) & (value < high)) ? std::size_t{1} : std::size_t{0};
+    }
+  }
+  return nucleus_band_finish(lanes, key, weights, j, size, high, low, band, band_keys, count);
+}
+
+#if SPECDEC_DISPATCH_AVX2
+SPECDEC_TARGET_AVX2 inline double nucleus_total_avx2(const float* weights,
+                                                     std::size_t size) noexcept {
+  constexpr std::size_t packs = nucleus_lanes / 4;
+  __m256d sum[packs];
+  for (auto& pack : sum) pack = _mm256_setzero_pd();
+  const __m256 zero = _mm256_setzero_ps();
+  std::size_t j = 0;
+  for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
+    for (std::size_t h = 0; h < packs / 2; ++h) {
+      const __m256 w = _mm256_loadu_ps(weights + j + 8 * h);
+      const __m256 kept = _mm256_and_ps(w, _mm256_cmp_ps(w, zero, _CMP_GT_OQ));
+      sum[2 * h] = _mm256_add_pd(sum[2 * h], _mm256_cvtps_pd(_mm256_castps256_ps128(kept)));
+      sum[2 * h + 1] =
+          _mm256_add_pd(sum[2 * h + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(kept, 1)));
+    }
+  }
+  nucleus_lane_array lanes;
+  for (std::size_t q = 0; q < packs; ++q) _mm256_storeu_pd(lanes.data() + 4 * q, sum[q]);
+  return nucleus_total_finish(lanes, weights, j, size);
+}
+
+/// For each 8-bit mask, the positions of its set bits, in order (then zeros): the lane
+/// permutation that packs the selected lanes of 8 to the front.
+struct pack_front_table {
+  std::uint32_t lanes[256][8];
+  constexpr pack_front_table() : lanes{} {
+    for (unsigned mask = 0; mask < 256; ++mask) {
+      unsigned next = 0;
+      for (unsigned bit = 0; bit < 8; ++bit) {
+        if ((mask >> bit) & 1U) lanes[mask][next++] = bit;
+      }
+    }
+  }
+};
+inline constexpr pack_front_table pack_front{};
+
+template <bool KeyIsWeight>
+SPECDEC_TARGET_AVX2 nucleus_band_found nucleus_band_avx2(const float* key, const float* weights,
+                                                         std::size_t size, float high, float low,
+                                                         std::uint32_t* band,
+                                                         float* band_keys) noexcept {
+  constexpr std::size_t packs = nucleus_lanes / 4;
+  __m256d sum[packs];
+  for (auto& pack : sum) pack = _mm256_setzero_pd();
+  const __m256 top = _mm256_set1_ps(high);
+  const __m256 bottom = _mm256_set1_ps(low);
+  __m256i ids = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i step = _mm256_set1_epi32(8);
+  std::size_t count = 0;
+  std::size_t j = 0;
+  for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
+    for (std::size_t h = 0; h < packs / 2; ++h) {
+      const __m256 k = _mm256_loadu_ps(key + j + 8 * h);
+      const __m256 w = KeyIsWeight ? k : _mm256_loadu_ps(weights + j + 8 * h);
+      const __m256 kept = _mm256_and_ps(w, _mm256_cmp_ps(k, top, _CMP_GE_OQ));
+      sum[2 * h] = _mm256_add_pd(sum[2 * h], _mm256_cvtps_pd(_mm256_castps256_ps128(kept)));
+      sum[2 * h + 1] =
+          _mm256_add_pd(sum[2 * h + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(kept, 1)));
+      const __m256 inside =
+          _mm256_and_ps(_mm256_cmp_ps(k, bottom, _CMP_GE_OQ), _mm256_cmp_ps(k, top, _CMP_LT_OQ));
+      // The band's ids packed to the front, all 8 lanes stored (the band has room).
+      const auto mask = static_cast<unsigned>(_mm256_movemask_ps(inside));
+      const __m256i order =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pack_front.lanes[mask]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(band + count),
+                          _mm256_permutevar8x32_epi32(ids, order));
+      _mm256_storeu_ps(band_keys + count, _mm256_permutevar8x32_ps(k, order));
+      count += static_cast<std::size_t>(std::popcount(mask));
+      ids = _mm256_add_epi32(ids, step);
+    }
+  }
+  nucleus_lane_array lanes;
+  for (std::size_t q = 0; q < packs; ++q) _mm256_storeu_pd(lanes.data() + 4 * q, sum[q]);
+  return nucleus_band_finish(lanes, key, weights, j, size, high, low, band, band_keys, count);
+}
+#endif
+
+#if SPECDEC_DISPATCH_AVX512
+SPECDEC_TARGET_AVX512 inline double nucleus_total_avx512(const float* weights,
+                                                         std::size_t size) noexcept {
+  constexpr std::size_t packs = nucleus_lanes / 8;
+  __m512d sum[packs];
+  for (auto& pack : sum) pack = _mm512_setzero_pd();
+  const __m512 zero = _mm512_setzero_ps();
+  std::size_t j = 0;
+  for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
+    for (std::size_t h = 0; h < packs / 2; ++h) {
+      const float* const from = weights + j + 16 * h;
+      const __mmask16 kept = _mm512_cmp_ps_mask(_mm512_loadu_ps(from), zero, _CMP_GT_OQ);
+      // Zero-masked conversions add +0 where the mask is clear (and, unlike the unmasked
+      // forms, do not trip GCC 12's -Wmaybe-uninitialized inside the intrinsics header).
+      sum[2 * h] = _mm512_add_pd(
+          sum[2 * h], _mm512_maskz_cvtps_pd(static_cast<__mmask8>(kept), _mm256_loadu_ps(from)));
+      sum[2 * h + 1] = _mm512_add_pd(
+          sum[2 * h + 1],
+          _mm512_maskz_cvtps_pd(static_cast<__mmask8>(kept >> 8U), _mm256_loadu_ps(from + 8)));
+    }
+  }
+  nucleus_lane_array lanes;
+  for (std::size_t q = 0; q < packs; ++q) _mm512_storeu_pd(lanes.data() + 8 * q, sum[q]);
+  return nucleus_total_finish(lanes, weights, j, size);
+}
+
+template <bool KeyIsWeight>
+SPECDEC_TARGET_AVX512 nucleus_band_found nucleus_band_avx512(const float* key, const float* weights,
+                                                             std::size_t size, float high,
+                                                             float low, std::uint32_t* band,
+                                                             float* band_keys) noexcept {
+  constexpr std::size_t packs = nucleus_lanes / 8;
+  __m512d sum[packs];
+  for (auto& pack : sum) pack = _mm512_setzero_pd();
+  const __m512 top = _mm512_set1_ps(high);
+  const __m512 bottom = _mm512_set1_ps(low);
+  __m512i ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(16);
+  std::size_t count = 0;
+  std::size_t j = 0;
+  for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
+    for (std::size_t h = 0; h < packs / 2; ++h) {
+      const __m512 k = _mm512_loadu_ps(key + j + 16 * h);
+      const float* const from = (KeyIsWeight ? key : weights) + j + 16 * h;
+      const __mmask16 above = _mm512_cmp_ps_mask(k, top, _CMP_GE_OQ);
+      sum[2 * h] = _mm512_add_pd(
+          sum[2 * h], _mm512_maskz_cvtps_pd(static_cast<__mmask8>(above), _mm256_loadu_ps(from)));
+      sum[2 * h + 1] = _mm512_add_pd(
+          sum[2 * h + 1],
+          _mm512_maskz_cvtps_pd(static_cast<__mmask8>(above >> 8U), _mm256_loadu_ps(from + 8)));
+      const __mmask16 inside =
+          _mm512_mask_cmp_ps_mask(_mm512_cmp_ps_mask(k, bottom, _CMP_GE_OQ), k, top, _CMP_LT_OQ);
+      // The band's ids packed to the front, all 16 lanes stored (the band has room).
+      _mm512_storeu_si512(band + count, _mm512_maskz_compress_epi32(inside, ids));
+      _mm512_storeu_ps(band_keys + count, _mm512_maskz_compress_ps(inside, k));
+      count += static_cast<std::size_t>(std::popcount(static_cast<unsigned>(inside)));
+      ids = _mm512_add_epi32(ids, step);
+    }
+  }
+  nucleus_lane_array lanes;
+  for (std::size_t q = 0; q < packs; ++q) _mm512_storeu_pd(lanes.data() + 8 * q, sum[q]);
+  return nucleus_band_finish(lanes, key, weights, j, size, high, low, band, band_keys, count);
+}
+#endif
+
+/// The two passes on the active kernel path (the same results on every path).
+template <class T>
+[[nodiscard]] inline double nucleus_total(const T* weights, std::size_t size) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+#if SPECDEC_DISPATCH_AVX512
+    if (use_avx512()) return nucleus_total_avx512(weights, size);
+#endif
+#if SPECDEC_DISPATCH_AVX2
+    if (use_avx2()) return nucleus_total_avx2(weights, size);
+#endif
+  }
+  return nucleus_total_portable(weights, size);
+}
+template <class U, class T>
+[[nodiscard]] inline nucleus_band_found nucleus_band(const U* key, const T* weights,
+                                                     std::size_t size, U high, U low,
+                                                     std::uint32_t* band, U* band_keys) noexcept {
+  if constexpr (std::is_same_v<U, float> && std::is_same_v<T, float>) {
+    const bool same = static_cast<const void*>(key) == static_cast<const void*>(weights);
+#if SPECDEC_DISPATCH_AVX512
+    if (use_avx512()) {
+      return same ? nucleus_band_avx512<true>(key, weights, size, high, low, band, band_keys)
+                  : nucleus_band_avx512<false>(key, weights, size, high, low, band, band_keys);
+    }
+#endif
+#if SPECDEC_DISPATCH_AVX2
+    if (use_avx2()) {
+      return same ? nucleus_band_avx2<true>(key, weights, size, high, low, band, band_keys)
+                  : nucleus_band_avx2<false>(key, weights, size, high, low, band, band_keys);
+    }
+#endif
+    static_cast<void>(same);
+  }
+  return nucleus_band_portable(key, weights, size, high, low, band, band_keys);
+}
+
+/// The smallest positive T whose magnitude_code is `code` (0 for codes <= 0).
+template <class T>
+[[nodiscard]] inline T from_magnitude_code(std::int64_t code) noexcept {
+  if (code <= 0) return T(0);
+  if constexpr (sizeof(T) == sizeof(std::uint64_t)) {
+    return std::bit_cast<T>(static_cast<std::uint64_t>(code) << 48U);
+  } else {
+    return std::bit_cast<T>(static_cast<std::uint32_t>(code) << 19U);
+  }
 }
 
 /// Strict total order on token ids of a row: higher probability first, lower id first
