@@ -5,8 +5,9 @@
 #   Clang builds keep line tables only, all their reports need), the CMake consumer
 #   projects (find_package after install, and add_subdirectory), every benchmark binary
 #   run briefly, a ThreadSanitizer build of the thread-safety tests (build/tsan, targets
-#   thread_safety_test and llama_threads_test), and the
-#   libFuzzer harnesses of tests/fuzz (the library's verification and decoder, the llama
+#   thread_safety_test and llama_threads_test), a GCC -march=native build of the
+#   kernel-path and sampling tests (build/native: every kernel path bitwise equal when the
+#   compiler may use FMA), and the libFuzzer harnesses of tests/fuzz (the library's verification and decoder, the llama
 #   engine example's GGUF loading) built with -fsanitize=fuzzer,address,undefined
 #   (build/fuzz) and run for SPECDEC_FUZZ_SECONDS each from a temporary copy of the
 #   committed seed corpus (a crash or invariant violation fails the stage; the input is
@@ -15,7 +16,8 @@
 #
 # Environment: SPECDEC_JOBS (parallel jobs, default nproc), SPECDEC_CONFIGS (default
 # "gcc clang asan"), SPECDEC_SKIP_CONSUMERS=1, SPECDEC_SKIP_BENCHMARKS=1,
-# SPECDEC_SKIP_TSAN=1, SPECDEC_SKIP_FUZZ=1, SPECDEC_FUZZ_SECONDS (default 30).
+# SPECDEC_SKIP_TSAN=1, SPECDEC_SKIP_NATIVE=1, SPECDEC_SKIP_FUZZ=1, SPECDEC_FUZZ_SECONDS
+# (default 30).
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
@@ -150,6 +152,33 @@ if [ "${SPECDEC_SKIP_TSAN:-0}" != 1 ]; then
     tail -n 40 "$log"
     total_failed=$((total_failed + 1))
     record FAIL "tsan: thread-safety tests (see $log)"
+  fi
+fi
+
+if [ "${SPECDEC_SKIP_NATIVE:-0}" != 1 ]; then
+  # The kernels must agree bitwise on every path even when the compiler may use FMA
+  # everywhere (GCC contracts multiply-adds by default under -march=native): kernel_path_test
+  # compares every path this CPU has, sampling_test checks the standardization on the best.
+  stage "native: GCC -march=native build of the kernel-path and sampling tests"
+  t0=$(date +%s)
+  log=build/native.log
+  fma=without
+  grep -qw fma /proc/cpuinfo 2>/dev/null && fma=with
+  if cmake -S . -B build/native -G Ninja -DCMAKE_CXX_COMPILER=g++ -DSPECDEC_WERROR=ON \
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS="-march=native" \
+    -DSPECDEC_BUILD_BENCHMARKS=OFF -DSPECDEC_BUILD_EXAMPLES=OFF >"$log" 2>&1 &&
+    cmake --build build/native --target kernel_path_test sampling_test -j "$jobs" >>"$log" 2>&1 &&
+    build/native/tests/kernel_path_test >>"$log" 2>&1 &&
+    build/native/tests/sampling_test >>"$log" 2>&1; then
+    cases=$(sed -n 's/.*assertions in \([0-9]*\) test cases.*/\1/p' "$log" |
+      awk '{ n += $1 } END { print n }')
+    cases=${cases:-1}
+    total_passed=$((total_passed + cases))
+    record ok "native: $cases test cases under -march=native ($fma FMA), every path bitwise ($(($(date +%s) - t0))s)"
+  else
+    tail -n 40 "$log"
+    total_failed=$((total_failed + 1))
+    record FAIL "native: -march=native kernel-path tests (see $log)"
   fi
 fi
 
