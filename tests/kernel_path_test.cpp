@@ -285,7 +285,8 @@ TEMPLATE_TEST_CASE("kernel_path: every path standardizes top-p rows bitwise", "[
 TEMPLATE_TEST_CASE("kernel_path: every path sums and lists top-p's band bitwise", "[kernel_path]",
                    float, double) {
   // Long rows of probabilities look for the nucleus from a sample, then take two passes:
-  // the positive mass of the row (detail::nucleus_total) and the mass of the keys above a
+  // the positive mass of the row (detail::nucleus_total, or with the row's maximum:
+  // detail::nucleus_max_total) and the mass of the keys above a
   // band with the band's ids and keys listed (detail::nucleus_band). Float rows take
   // intrinsics builds (SSE2, AVX2, AVX-512) whose double lanes must add exactly what the
   // portable loops add: every sum bitwise, the same ids and keys in the same order, for
@@ -320,6 +321,7 @@ TEMPLATE_TEST_CASE("kernel_path: every path sums and lists top-p's band bitwise"
     const T high = sorted[sorted.size() / 3 + 1 + specdec::uniform_below(g, sorted.size() / 2)];
     struct outcome {
       double total;
+      T maximum;
       double head;
       std::vector<std::uint32_t> ids;
       std::vector<T> keys;
@@ -330,11 +332,16 @@ TEMPLATE_TEST_CASE("kernel_path: every path sums and lists top-p's band bitwise"
       std::vector<std::uint32_t> ids(size + specdec::detail::nucleus_band_slack);
       std::vector<T> keys(size + specdec::detail::nucleus_band_slack);
       const double total = specdec::detail::nucleus_total(weights, size);
+      // The same total taken with the maximum (apply's first pass for top-p at T = 1).
+      const auto fused = specdec::detail::nucleus_max_total(key.data(), size);
+      bool unused = true;
+      CHECK(same_bits(fused.total, specdec::detail::nucleus_total(key.data(), size)));
+      CHECK(same_bits(fused.maximum, specdec::detail::span_max<false>(key.data(), size, unused)));
       const auto found = specdec::detail::nucleus_band(key.data(), weights, size, high, low,
                                                        ids.data(), keys.data());
       ids.resize(found.count);
       keys.resize(found.count);
-      outcomes.push_back({total, found.head, std::move(ids), std::move(keys)});
+      outcomes.push_back({total, fused.maximum, found.head, std::move(ids), std::move(keys)});
     }
     // The portable result against a plain reading of the definition.
     double head = 0.0;
@@ -351,6 +358,7 @@ TEMPLATE_TEST_CASE("kernel_path: every path sums and lists top-p's band bitwise"
       CHECK(same_bits(first.keys[i], key[first.ids[i]]));
     for (std::size_t k = 1; k < outcomes.size(); ++k) {
       CHECK(same_bits(outcomes[k].total, first.total));
+      CHECK(same_bits(outcomes[k].maximum, first.maximum));
       CHECK(same_bits(outcomes[k].head, first.head));
       CHECK(outcomes[k].ids == first.ids);
       CHECK(outcomes[k].keys == first.keys);

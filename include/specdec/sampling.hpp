@@ -162,7 +162,21 @@ class Standardizer {
     const std::size_t size = probabilities.size();
     if (size == 0) return 0.0;
     if (options_.greedy()) return one_hot_argmax(probabilities, out);
-    const U maximum = detail::max_entry(probabilities.data(), size);
+    // Top-p alone at T = 1 on a long row: the maximum and the row's mass in one pass.
+    double known_total = std::numeric_limits<double>::quiet_NaN();
+    U maximum;
+    if (std::is_same_v<U, T> && options_.temperature == 1.0 && options_.top_p < 1.0 &&
+        options_.min_p == 0.0 && (options_.top_k == 0 || options_.top_k >= size) &&
+        size >= nucleus_sampled_from) {
+      const auto found = detail::nucleus_max_total(probabilities.data(), size);
+      maximum = found.maximum;
+      known_total = found.total;
+      if (maximum == -std::numeric_limits<U>::infinity()) {  // max_entry's NaN-row rule
+        maximum = detail::max_entry(probabilities.data(), size);
+      }
+    } else {
+      maximum = detail::max_entry(probabilities.data(), size);
+    }
     if (!(maximum > U(0))) {
       std::transform(probabilities.begin(), probabilities.end(), out.begin(),
                      [](U value) { return static_cast<T>(value); });
@@ -188,7 +202,7 @@ class Standardizer {
             std::transform(probabilities.begin(), probabilities.end(), all.begin(),
                            [](U value) { return static_cast<T>(value); });
           },
-          key_weights);
+          key_weights, known_total);
     }
     const double inverse_temperature = 1.0 / temperature;
     if (!(inverse_temperature <= static_cast<double>(std::numeric_limits<T>::max()))) {
@@ -352,7 +366,8 @@ class Standardizer {
   template <class U, class WeightOf, class FillAll>
   double finish(std::span<const U> key, std::span<T> out, U floor, U top_key, U min_key,
                 bool use_min_p, T top_weight, WeightOf weight_of, FillAll fill_all,
-                const T* key_weights = nullptr) {
+                const T* key_weights = nullptr,
+                double known_total = std::numeric_limits<double>::quiet_NaN()) {
     const std::size_t size = key.size();
     const std::size_t k = options_.top_k;
     if (k != 0 && k < size) {
@@ -388,8 +403,8 @@ class Standardizer {
         fill_all(out);
         weights = out.data();
       }
-      const auto kept =
-          find_nucleus(key, std::span<const T>(weights, size), floor, top_key, top_weight);
+      const auto kept = find_nucleus(key, std::span<const T>(weights, size), floor, top_key,
+                                     top_weight, known_total);
       if (!(kept.mass > 0.0)) {
         std::fill(out.begin(), out.end(), T(0));
         return 0.0;
@@ -601,10 +616,11 @@ class Standardizer {
   // Top-p over a full row of weights (monotone in the keys): finds the nucleus.
   template <class U>
   nucleus<U> find_nucleus(std::span<const U> key, std::span<const T> weights, U floor, U top_key,
-                          T top_weight) {
+                          T top_weight,
+                          double known_total = std::numeric_limits<double>::quiet_NaN()) {
     const std::size_t size = key.size();
     if (floor == U(0) && size >= nucleus_sampled_from) {
-      const auto found = find_nucleus_sampled(key, weights, top_key);
+      const auto found = find_nucleus_sampled(key, weights, top_key, known_total);
       if (found.second) return found.first;
       ++nucleus_fallbacks_;
     }
@@ -657,7 +673,8 @@ class Standardizer {
   static constexpr std::size_t band_buckets = 1024;
 
   // find_nucleus for a long row of probabilities (key > 0 for every possible token):
-  //  1. the mass of the row (one pass in double lanes, detail::nucleus_total);
+  //  1. the mass of the row (one pass in double lanes, detail::nucleus_total; at T = 1 taken
+  //     with the row's maximum in apply's first pass);
   //  2. every stride-th entry estimates the mass below each bucket of width 2^(1/16) under
   //     the top key, with its standard error (stride * sqrt(sum of the squared sampled
   //     weights below)); the band is the buckets where the end of the nucleus may lie
@@ -673,11 +690,14 @@ class Standardizer {
   template <class U>
   SPECDEC_NO_CONTRACT std::pair<nucleus<U>, bool> find_nucleus_sampled(std::span<const U> key,
                                                                        std::span<const T> weights,
-                                                                       U top_key) {
+                                                                       U top_key,
+                                                                       double known_total) {
     using word = std::conditional_t<sizeof(U) == 8, std::uint64_t, std::uint32_t>;
     const std::size_t size = key.size();
     const nucleus<U> none{U(0), 0, 0.0};
-    const double total = detail::nucleus_total(weights.data(), size);
+    // known_total: the same sum, taken with the row's maximum (nucleus_max_total).
+    const double total =
+        known_total == known_total ? known_total : detail::nucleus_total(weights.data(), size);
     if (!(total > 0.0 && total <= std::numeric_limits<double>::max())) return {none, false};
     const double needed = options_.top_p * total;
     constexpr std::size_t buckets = detail::nucleus_buckets;

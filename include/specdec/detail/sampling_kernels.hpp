@@ -833,6 +833,107 @@ SPECDEC_TARGET_AVX512 nucleus_band_found nucleus_band_avx512(const float* key, c
 }
 #endif
 
+/// A row's largest entry (NaN entries passed over, -infinity when there is none: span_max's)
+/// and nucleus_total's positive mass, in one pass.
+template <class T>
+struct max_and_total {
+  T maximum;
+  double total;
+};
+
+#if defined(__SSE2__)
+SPECDEC_PORTABLE_KERNEL inline max_and_total<float> nucleus_max_total_sse2(
+    const float* row, std::size_t size) noexcept {
+  constexpr std::size_t packs = nucleus_lanes / 2;
+  __m128d sum[packs];
+  for (auto& pack : sum) pack = _mm_setzero_pd();
+  __m128 best = _mm_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m128 zero = _mm_setzero_ps();
+  std::size_t j = 0;
+  for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
+    for (std::size_t h = 0; h < packs / 2; ++h) {
+      const __m128 w = _mm_loadu_ps(row + j + 4 * h);
+      best = _mm_max_ps(w, best);  // a NaN lane of w keeps best
+      const __m128 kept = _mm_and_ps(w, _mm_cmpgt_ps(w, zero));
+      sum[2 * h] = _mm_add_pd(sum[2 * h], _mm_cvtps_pd(kept));
+      sum[2 * h + 1] = _mm_add_pd(sum[2 * h + 1], _mm_cvtps_pd(_mm_movehl_ps(kept, kept)));
+    }
+  }
+  nucleus_lane_array lanes;
+  for (std::size_t q = 0; q < packs; ++q) _mm_storeu_pd(lanes.data() + 2 * q, sum[q]);
+  alignas(16) float top[4];
+  _mm_store_ps(top, best);
+  float maximum = top[0];
+  for (const float value : top) maximum = maximum < value ? value : maximum;
+  for (std::size_t k = j; k < size; ++k) maximum = maximum < row[k] ? row[k] : maximum;
+  return {maximum, nucleus_total_finish(lanes, row, j, size)};
+}
+#endif
+
+#if SPECDEC_DISPATCH_AVX2
+SPECDEC_TARGET_AVX2 inline max_and_total<float> nucleus_max_total_avx2(const float* row,
+                                                                       std::size_t size) noexcept {
+  constexpr std::size_t packs = nucleus_lanes / 4;
+  __m256d sum[packs];
+  for (auto& pack : sum) pack = _mm256_setzero_pd();
+  __m256 best = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m256 zero = _mm256_setzero_ps();
+  std::size_t j = 0;
+  for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
+    for (std::size_t h = 0; h < packs / 2; ++h) {
+      const __m256 w = _mm256_loadu_ps(row + j + 8 * h);
+      best = _mm256_max_ps(w, best);  // a NaN lane of w keeps best
+      const __m256 kept = _mm256_and_ps(w, _mm256_cmp_ps(w, zero, _CMP_GT_OQ));
+      sum[2 * h] = _mm256_add_pd(sum[2 * h], _mm256_cvtps_pd(_mm256_castps256_ps128(kept)));
+      sum[2 * h + 1] =
+          _mm256_add_pd(sum[2 * h + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(kept, 1)));
+    }
+  }
+  nucleus_lane_array lanes;
+  for (std::size_t q = 0; q < packs; ++q) _mm256_storeu_pd(lanes.data() + 4 * q, sum[q]);
+  alignas(32) float top[8];
+  _mm256_store_ps(top, best);
+  float maximum = top[0];
+  for (const float value : top) maximum = maximum < value ? value : maximum;
+  for (std::size_t k = j; k < size; ++k) maximum = maximum < row[k] ? row[k] : maximum;
+  return {maximum, nucleus_total_finish(lanes, row, j, size)};
+}
+#endif
+
+#if SPECDEC_DISPATCH_AVX512
+SPECDEC_TARGET_AVX512 inline max_and_total<float> nucleus_max_total_avx512(
+    const float* row, std::size_t size) noexcept {
+  constexpr std::size_t packs = nucleus_lanes / 8;
+  __m512d sum[packs];
+  for (auto& pack : sum) pack = _mm512_setzero_pd();
+  __m512 best = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512 zero = _mm512_setzero_ps();
+  std::size_t j = 0;
+  for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
+    for (std::size_t h = 0; h < packs / 2; ++h) {
+      const float* const from = row + j + 16 * h;
+      const __m512 w = _mm512_loadu_ps(from);
+      // A NaN lane of w keeps best (the zero-masked form: see nucleus_total_avx512).
+      best = _mm512_maskz_max_ps(static_cast<__mmask16>(0xFFFFU), w, best);
+      const __mmask16 kept = _mm512_cmp_ps_mask(w, zero, _CMP_GT_OQ);
+      sum[2 * h] = _mm512_add_pd(
+          sum[2 * h], _mm512_maskz_cvtps_pd(static_cast<__mmask8>(kept), _mm256_loadu_ps(from)));
+      sum[2 * h + 1] = _mm512_add_pd(
+          sum[2 * h + 1],
+          _mm512_maskz_cvtps_pd(static_cast<__mmask8>(kept >> 8U), _mm256_loadu_ps(from + 8)));
+    }
+  }
+  nucleus_lane_array lanes;
+  for (std::size_t q = 0; q < packs; ++q) _mm512_storeu_pd(lanes.data() + 8 * q, sum[q]);
+  alignas(64) float top[16];
+  _mm512_store_ps(top, best);
+  float maximum = top[0];
+  for (const float value : top) maximum = maximum < value ? value : maximum;
+  for (std::size_t k = j; k < size; ++k) maximum = maximum < row[k] ? row[k] : maximum;
+  return {maximum, nucleus_total_finish(lanes, row, j, size)};
+}
+#endif
+
 /// The two passes on the active kernel path (the same results on every path).
 template <class T>
 [[nodiscard]] inline double nucleus_total(const T* weights, std::size_t size) noexcept {
@@ -867,6 +968,26 @@ template <class U, class T>
     static_cast<void>(same);
   }
   return nucleus_band_portable(key, weights, size, high, low, band, band_keys);
+}
+
+/// max_and_total of a row on the active kernel path: float rows in one pass, others in two
+/// (span_max, then nucleus_total); the same maximum and bitwise the same total either way.
+template <class T>
+[[nodiscard]] inline max_and_total<T> nucleus_max_total(const T* row, std::size_t size) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+#if SPECDEC_DISPATCH_AVX512
+    if (use_avx512()) return nucleus_max_total_avx512(row, size);
+#endif
+#if SPECDEC_DISPATCH_AVX2
+    if (use_avx2()) return nucleus_max_total_avx2(row, size);
+#endif
+#if defined(__SSE2__)
+    return nucleus_max_total_sse2(row, size);
+#endif
+  }
+  bool unused = true;
+  const T maximum = span_max<false>(row, size, unused);
+  return {maximum, nucleus_total(row, size)};
 }
 
 /// The smallest positive T whose magnitude_code is `code` (0 for codes <= 0).
