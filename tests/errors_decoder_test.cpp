@@ -649,6 +649,64 @@ TEMPLATE_TEST_CASE("D13-D15 top-k: rows kept as survivors are validated in the s
   }
 }
 
+TEMPLATE_TEST_CASE("D13-D15 top-p: long rows are screened in the standardization's first pass",
+                   "[errors][speculative_decoder]", float, double) {
+  // Top-p alone at T = 1 on rows of at least 4096 entries takes the validation screen (signs
+  // and sum) in the pass that finds the row's maximum and mass
+  // (Standardizer::screens_first_pass), after which the decoder judges the row: the same
+  // codes and messages as every other path, for draft rows, per-prefix target rows and
+  // batched target rows; a short row is still refused before anything reads it.
+  struct Case {
+    fault how;
+    errc code;
+    const char* problem;
+  };
+  constexpr std::size_t vocab = 5000;
+  for (const Case c :
+       {Case{fault::nan_entry, errc::invalid_probability, "entry for token 1 is NaN"},
+        Case{fault::negative, errc::invalid_probability, "entry for token 1 is negative"},
+        Case{fault::zero_row, errc::zero_mass, "all entries are zero"},
+        Case{fault::unnormalized, errc::not_normalized, "entries sum to 1.5"},
+        Case{fault::short_row, errc::invalid_size, "has 4999 entries"}}) {
+    specdec::DecoderOptions options = fixed(2);
+    options.sampling = {.top_p = 0.9};
+    for (const int where : {0, 1, 2}) {  // draft, per-prefix target, batched target
+      if (where == 2 && c.how == fault::short_row) continue;  // a block has no short rows
+      INFO("fault in " << (where == 0 ? "the draft" : where == 1 ? "a target row" : "a block row"));
+      ScriptedModel<TestType> draft;
+      ScriptedModel<TestType> target;
+      ScriptedBatchedModel<TestType> batched;
+      for (ScriptedModel<TestType>* model :
+           {&draft, &target, static_cast<ScriptedModel<TestType>*>(&batched)}) {
+        model->vocab = vocab;
+        model->reported_vocab = vocab;
+      }
+      (where == 0 ? draft : where == 1 ? target : batched).fail_at = 1;
+      (where == 0 ? draft : where == 1 ? target : batched).how = c.how;
+      const std::string row = where == 0 ? "draft row 1" : "target row 1";
+      const std::string expected = row + " (step 0, sequence position 3): " + c.problem;
+      if (where == 2) {
+        specdec::SpeculativeDecoder decoder(batched, draft, options);
+        check_error(
+            "D13", [&] { (void)decoder.generate(prompt, 8, std::uint64_t{1}); }, c.code, expected);
+      } else {
+        specdec::SpeculativeDecoder decoder(target, draft, options);
+        check_error(
+            "D13", [&] { (void)decoder.generate(prompt, 8, std::uint64_t{1}); }, c.code, expected);
+      }
+    }
+  }
+  // Valid long rows pass the screen: the decoder generates.
+  ScriptedModel<TestType> draft;
+  ScriptedModel<TestType> target;
+  draft.vocab = draft.reported_vocab = vocab;
+  target.vocab = target.reported_vocab = vocab;
+  specdec::DecoderOptions options = fixed(2);
+  options.sampling = {.top_p = 0.9};
+  specdec::SpeculativeDecoder decoder(target, draft, options);
+  CHECK(decoder.generate(prompt, 8, std::uint64_t{1}).tokens.size() == 8);
+}
+
 TEST_CASE("D15 generate: a float row off 1 by just over the tolerance is rejected on every path",
           "[errors][speculative_decoder]") {
   // These 16 floats sum to 1.00100001 (in double), just over 1 + 1e-3, but a float sum can

@@ -286,7 +286,7 @@ TEMPLATE_TEST_CASE("kernel_path: every path sums and lists top-p's band bitwise"
                    float, double) {
   // Long rows of probabilities look for the nucleus from a sample, then take two passes:
   // the positive mass of the row (detail::nucleus_total, or with the row's maximum:
-  // detail::nucleus_max_total) and the mass of the keys above a
+  // detail::nucleus_max_total, with the sign screen) and the mass of the keys above a
   // band with the band's ids and keys listed (detail::nucleus_band). Float rows take
   // intrinsics builds (SSE2, AVX2, AVX-512) whose double lanes must add exactly what the
   // portable loops add: every sum bitwise, the same ids and keys in the same order, for
@@ -334,9 +334,11 @@ TEMPLATE_TEST_CASE("kernel_path: every path sums and lists top-p's band bitwise"
       const double total = specdec::detail::nucleus_total(weights, size);
       // The same total taken with the maximum (apply's first pass for top-p at T = 1).
       const auto fused = specdec::detail::nucleus_max_total(key.data(), size);
-      bool unused = true;
+      bool valid = true;  // no NaN, no negative entry: the decoder's sign screen
       CHECK(same_bits(fused.total, specdec::detail::nucleus_total(key.data(), size)));
-      CHECK(same_bits(fused.maximum, specdec::detail::span_max<false>(key.data(), size, unused)));
+      CHECK(same_bits(fused.maximum, specdec::detail::span_max<true>(key.data(), size, valid)));
+      CHECK(fused.signs_passed == valid);
+      CHECK(valid == (trial % 4 != 1 && trial % 4 != 2));
       const auto found = specdec::detail::nucleus_band(key.data(), weights, size, high, low,
                                                        ids.data(), keys.data());
       ids.resize(found.count);

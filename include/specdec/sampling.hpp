@@ -154,10 +154,24 @@ class Standardizer {
   /// thousand on language-model rows; each costs a few more passes over its row.
   [[nodiscard]] std::size_t nucleus_fallbacks() const noexcept { return nucleus_fallbacks_; }
 
-  /// Writes the standardized `probabilities` into `out` (same size, not overlapping) and
-  /// returns the largest standardized probability.
+  /// Whether apply() screens rows of `size` entries of U in its first pass (top-p alone at
+  /// T = 1 on rows of at least 4096 probabilities: the pass that takes the row's maximum
+  /// takes its sum and signs too), so that a caller validating the rows can take the screen
+  /// from apply instead of a pass of its own.
   template <ProbabilityScalar U>
-  double apply(std::span<const U> probabilities, std::span<T> out) {
+  [[nodiscard]] bool screens_first_pass(std::size_t size) const noexcept {
+    return std::is_same_v<U, T> && options_.temperature == 1.0 && options_.top_p < 1.0 &&
+           options_.min_p == 0.0 && (options_.top_k == 0 || options_.top_k >= size) &&
+           size >= nucleus_sampled_from;
+  }
+
+  /// Writes the standardized `probabilities` into `out` (same size, not overlapping) and
+  /// returns the largest standardized probability. With `screen` and
+  /// screens_first_pass(size), also fills *screen (whether every entry is >= 0, and the
+  /// row's sum then); apply is safe on any row, so a caller may validate after it.
+  template <ProbabilityScalar U>
+  double apply(std::span<const U> probabilities, std::span<T> out,
+               detail::first_pass_screen* screen = nullptr) {
     SPECDEC_ASSERT(out.size() == probabilities.size());
     const std::size_t size = probabilities.size();
     if (size == 0) return 0.0;
@@ -165,12 +179,11 @@ class Standardizer {
     // Top-p alone at T = 1 on a long row: the maximum and the row's mass in one pass.
     double known_total = std::numeric_limits<double>::quiet_NaN();
     U maximum;
-    if (std::is_same_v<U, T> && options_.temperature == 1.0 && options_.top_p < 1.0 &&
-        options_.min_p == 0.0 && (options_.top_k == 0 || options_.top_k >= size) &&
-        size >= nucleus_sampled_from) {
+    if (screens_first_pass<U>(size)) {
       const auto found = detail::nucleus_max_total(probabilities.data(), size);
       maximum = found.maximum;
       known_total = found.total;
+      if (screen != nullptr) *screen = {true, found.signs_passed, found.total};
       if (maximum == -std::numeric_limits<U>::infinity()) {  // max_entry's NaN-row rule
         maximum = detail::max_entry(probabilities.data(), size);
       }

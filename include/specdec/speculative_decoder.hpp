@@ -999,9 +999,8 @@ class SpeculativeDecoder {
           drafted = static_cast<token_id>(count == 0 ? detail::row_argmax(row.data(), row.size())
                                                      : detail::sparse_draw(sparse_draft(i), u, 0));
         } else {
-          check_row(row, "draft", i);
           const std::span<value_type> q = draft_row(i);
-          top_probability = standardizer_.apply(row, q);
+          top_probability = standardize_checked(row, q, "draft", i);
           draft_scales_[i] = 1.0;
           draft_row_at_[i] = q.data();
           drafted = sample_from_row(std::span<const value_type>(q), g);
@@ -1146,9 +1145,7 @@ class SpeculativeDecoder {
         }
       }
       for (std::size_t i = 0; i <= drafted; ++i) {
-        const std::span<const scored_scalar> row(rows.row(i));
-        if (!sparse_mode()) check_row(row, "target", i);  // sparse: inside the selection pass
-        load_target_row(row, i);
+        load_target_row(std::span<const scored_scalar>(rows.row(i)), i);
       }
       if (sparse_mode()) {
         verify_sparse(g, result);
@@ -1161,9 +1158,7 @@ class SpeculativeDecoder {
           return target_->next_token_probabilities(prefix);
         });
         ++result.target_calls;
-        const auto row = as_span(returned);
-        if (!sparse_mode()) check_row(row, "target", i);
-        load_target_row(row, i);
+        load_target_row(as_span(returned), i);
       }
       if (sparse_mode()) {
         verify_sparse(g, result);
@@ -1174,7 +1169,8 @@ class SpeculativeDecoder {
            false);
   }
 
-  // Copies (greedy, identity) or standardizes a target row into the workspace.
+  // Checks and copies (greedy, identity) or standardizes a target row into the workspace
+  // (sparse: its survivors, validated inside the selection pass).
   template <class U>
   void load_target_row(std::span<const U> row, std::size_t i) {
     if (sparse_mode()) {
@@ -1182,13 +1178,38 @@ class SpeculativeDecoder {
       (void)load_sparse(row, false, i, unused);
       return;
     }
-    const std::span<value_type> destination = target_row(i);
     if (options_.sampling.greedy() || options_.sampling.identity()) {
+      check_row(row, "target", i);
+      const std::span<value_type> destination = target_row(i);
       std::transform(row.begin(), row.end(), destination.begin(),
                      [](U value) { return static_cast<value_type>(value); });
     } else {
-      standardizer_.apply(row, destination);
+      (void)standardize_checked(row, target_row(i), "target", i);
     }
+  }
+
+  // Standardizes a model row into `out` with its checks: the size always (first), and with
+  // validate_rows the screen, taken from the standardization's first pass where it takes
+  // one (Standardizer::screens_first_pass: the row is then checked after it, which is safe
+  // on any row), else a pass of its own before. Returns the top standardized probability.
+  template <class U>
+  double standardize_checked(std::span<const U> row, std::span<value_type> out,
+                             std::string_view model, std::size_t index) {
+    const bool validate = options_.validate_rows && !options_.sampling.greedy();
+    if (!validate || !standardizer_.template screens_first_pass<U>(row.size())) {
+      check_row(row, model, index);
+      return standardizer_.apply(row, out);
+    }
+    check_size(row, model, index);
+    detail::first_pass_screen screen;
+    const double top = standardizer_.apply(row, out, &screen);
+    if (!screen.taken) {
+      check_row(row, model, index);
+    } else if (!detail::plausible_total<U>(screen.signs_passed, screen.total,
+                                           default_sum_tolerance<U>)) {
+      reject_probability_row(row, model, index);
+    }
+    return top;
   }
 
   // Verification (Algorithm 1: detail::accept_drafts / accept_proposals, then the residual

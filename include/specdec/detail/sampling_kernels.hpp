@@ -833,13 +833,38 @@ SPECDEC_TARGET_AVX512 nucleus_band_found nucleus_band_avx512(const float* key, c
 }
 #endif
 
-/// A row's largest entry (NaN entries passed over, -infinity when there is none: span_max's)
-/// and nucleus_total's positive mass, in one pass.
+/// What Standardizer::apply's first pass tells a validating caller (screens_first_pass):
+/// whether it screened the row, whether every entry is >= 0 (no NaN), and the row's sum
+/// then (in double lanes: within screen_sum_error of the exact sum, as plausible_total needs).
+struct first_pass_screen {
+  bool taken = false;
+  bool signs_passed = false;
+  double total = 0.0;
+};
+
+/// A row's largest entry (NaN entries passed over, -infinity when there is none: span_max's),
+/// nucleus_total's positive mass and whether every entry is >= 0 (no NaN, no negative entry:
+/// then the mass is the row's sum, and with it the decoder's validation screen), in one pass.
 template <class T>
 struct max_and_total {
   T maximum;
   double total;
+  bool signs_passed;
 };
+
+/// The vector builds' end: the packs' maxima folded, then the entries from j on.
+template <std::size_t Lanes>
+[[nodiscard]] SPECDEC_KERNEL_INLINE max_and_total<float> nucleus_max_total_finish(
+    const float (&top)[Lanes], bool signs_passed, nucleus_lane_array& lanes, const float* row,
+    std::size_t j, std::size_t size) noexcept {
+  float maximum = top[0];
+  for (const float value : top) maximum = maximum < value ? value : maximum;
+  for (std::size_t k = j; k < size; ++k) {
+    maximum = maximum < row[k] ? row[k] : maximum;
+    signs_passed = signs_passed && row[k] >= 0.0F;
+  }
+  return {maximum, nucleus_total_finish(lanes, row, j, size), signs_passed};
+}
 
 #if defined(__SSE2__)
 SPECDEC_PORTABLE_KERNEL inline max_and_total<float> nucleus_max_total_sse2(
@@ -848,12 +873,14 @@ SPECDEC_PORTABLE_KERNEL inline max_and_total<float> nucleus_max_total_sse2(
   __m128d sum[packs];
   for (auto& pack : sum) pack = _mm_setzero_pd();
   __m128 best = _mm_set1_ps(-std::numeric_limits<float>::infinity());
+  __m128 bad = _mm_setzero_ps();
   const __m128 zero = _mm_setzero_ps();
   std::size_t j = 0;
   for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
     for (std::size_t h = 0; h < packs / 2; ++h) {
       const __m128 w = _mm_loadu_ps(row + j + 4 * h);
-      best = _mm_max_ps(w, best);  // a NaN lane of w keeps best
+      best = _mm_max_ps(w, best);                    // a NaN lane of w keeps best
+      bad = _mm_or_ps(bad, _mm_cmpnge_ps(w, zero));  // negative or NaN
       const __m128 kept = _mm_and_ps(w, _mm_cmpgt_ps(w, zero));
       sum[2 * h] = _mm_add_pd(sum[2 * h], _mm_cvtps_pd(kept));
       sum[2 * h + 1] = _mm_add_pd(sum[2 * h + 1], _mm_cvtps_pd(_mm_movehl_ps(kept, kept)));
@@ -863,10 +890,7 @@ SPECDEC_PORTABLE_KERNEL inline max_and_total<float> nucleus_max_total_sse2(
   for (std::size_t q = 0; q < packs; ++q) _mm_storeu_pd(lanes.data() + 2 * q, sum[q]);
   alignas(16) float top[4];
   _mm_store_ps(top, best);
-  float maximum = top[0];
-  for (const float value : top) maximum = maximum < value ? value : maximum;
-  for (std::size_t k = j; k < size; ++k) maximum = maximum < row[k] ? row[k] : maximum;
-  return {maximum, nucleus_total_finish(lanes, row, j, size)};
+  return nucleus_max_total_finish(top, _mm_movemask_ps(bad) == 0, lanes, row, j, size);
 }
 #endif
 
@@ -877,12 +901,14 @@ SPECDEC_TARGET_AVX2 inline max_and_total<float> nucleus_max_total_avx2(const flo
   __m256d sum[packs];
   for (auto& pack : sum) pack = _mm256_setzero_pd();
   __m256 best = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m256 bad = _mm256_setzero_ps();
   const __m256 zero = _mm256_setzero_ps();
   std::size_t j = 0;
   for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
     for (std::size_t h = 0; h < packs / 2; ++h) {
       const __m256 w = _mm256_loadu_ps(row + j + 8 * h);
-      best = _mm256_max_ps(w, best);  // a NaN lane of w keeps best
+      best = _mm256_max_ps(w, best);                                 // a NaN lane keeps best
+      bad = _mm256_or_ps(bad, _mm256_cmp_ps(w, zero, _CMP_NGE_UQ));  // negative or NaN
       const __m256 kept = _mm256_and_ps(w, _mm256_cmp_ps(w, zero, _CMP_GT_OQ));
       sum[2 * h] = _mm256_add_pd(sum[2 * h], _mm256_cvtps_pd(_mm256_castps256_ps128(kept)));
       sum[2 * h + 1] =
@@ -893,10 +919,7 @@ SPECDEC_TARGET_AVX2 inline max_and_total<float> nucleus_max_total_avx2(const flo
   for (std::size_t q = 0; q < packs; ++q) _mm256_storeu_pd(lanes.data() + 4 * q, sum[q]);
   alignas(32) float top[8];
   _mm256_store_ps(top, best);
-  float maximum = top[0];
-  for (const float value : top) maximum = maximum < value ? value : maximum;
-  for (std::size_t k = j; k < size; ++k) maximum = maximum < row[k] ? row[k] : maximum;
-  return {maximum, nucleus_total_finish(lanes, row, j, size)};
+  return nucleus_max_total_finish(top, _mm256_movemask_ps(bad) == 0, lanes, row, j, size);
 }
 #endif
 
@@ -907,12 +930,14 @@ SPECDEC_TARGET_AVX512 inline max_and_total<float> nucleus_max_total_avx512(
   __m512d sum[packs];
   for (auto& pack : sum) pack = _mm512_setzero_pd();
   __m512 best = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __mmask16 bad = 0;
   const __m512 zero = _mm512_setzero_ps();
   std::size_t j = 0;
   for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
     for (std::size_t h = 0; h < packs / 2; ++h) {
       const float* const from = row + j + 16 * h;
       const __m512 w = _mm512_loadu_ps(from);
+      bad = static_cast<__mmask16>(bad | _mm512_cmp_ps_mask(w, zero, _CMP_NGE_UQ));
       // A NaN lane of w keeps best (the zero-masked form: see nucleus_total_avx512).
       best = _mm512_maskz_max_ps(static_cast<__mmask16>(0xFFFFU), w, best);
       const __mmask16 kept = _mm512_cmp_ps_mask(w, zero, _CMP_GT_OQ);
@@ -927,10 +952,7 @@ SPECDEC_TARGET_AVX512 inline max_and_total<float> nucleus_max_total_avx512(
   for (std::size_t q = 0; q < packs; ++q) _mm512_storeu_pd(lanes.data() + 8 * q, sum[q]);
   alignas(64) float top[16];
   _mm512_store_ps(top, best);
-  float maximum = top[0];
-  for (const float value : top) maximum = maximum < value ? value : maximum;
-  for (std::size_t k = j; k < size; ++k) maximum = maximum < row[k] ? row[k] : maximum;
-  return {maximum, nucleus_total_finish(lanes, row, j, size)};
+  return nucleus_max_total_finish(top, bad == 0, lanes, row, j, size);
 }
 #endif
 
@@ -985,9 +1007,9 @@ template <class T>
     return nucleus_max_total_sse2(row, size);
 #endif
   }
-  bool unused = true;
-  const T maximum = span_max<false>(row, size, unused);
-  return {maximum, nucleus_total(row, size)};
+  bool signs_passed = true;
+  const T maximum = span_max<true>(row, size, signs_passed);
+  return {maximum, nucleus_total(row, size), signs_passed};
 }
 
 /// The smallest positive T whose magnitude_code is `code` (0 for codes <= 0).
