@@ -5,6 +5,7 @@
 // sampling, validation and beta collection on, a streaming callback, a timed gamma policy,
 // token trees, and KV-cache models on CachedContext. generate() allocates only for its
 // result, the same number of times for 50 or 400 tokens.
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include "specdec/cached_context.hpp"
 #include "specdec/gamma_policy.hpp"
 #include "specdec/random.hpp"
+#include "specdec/sampling.hpp"
 #include "specdec/speculative_decoder.hpp"
 #include "speculative_decoder_models.hpp"
 #include "support/counting_allocator.hpp"
@@ -190,6 +192,33 @@ TEST_CASE("SpeculativeDecoder: no allocation per step in steady state", "[specul
     KvMarkovModel draft(draft_model);
     specdec::SpeculativeDecoder decoder(target, draft, {.sampling = {.temperature = 0.9}});
     CHECK(allocations_per_steady_state(decoder, 20, 300) == 0);
+  }
+}
+
+TEST_CASE("Standardizer: reserve covers long top-p rows, so apply allocates nothing",
+          "[sampling]") {
+  // Rows of at least 4096 probabilities find the nucleus through a band of listed ids and
+  // keys (find_nucleus_sampled); reserve(V), which the decoder calls at construction, must
+  // hold those buffers too, at T = 1 (where apply screens the row) and T != 1.
+  constexpr std::size_t long_vocab = 8192;
+  std::vector<float> row(long_vocab);
+  specdec::xoshiro256pp g(3);
+  double total = 0.0;
+  for (float& x : row) {
+    x = static_cast<float>(std::exp(4.0 * specdec::uniform01<double>(g)));
+    total += static_cast<double>(x);
+  }
+  for (float& x : row) x = static_cast<float>(static_cast<double>(x) / total);
+  std::vector<float> out(long_vocab);
+  for (const double temperature : {1.0, 0.7}) {
+    specdec::Standardizer<float> standardizer({.temperature = temperature, .top_p = 0.9});
+    standardizer.reserve(long_vocab);
+    specdec::detail::first_pass_screen screen;
+    specdec::testing::AllocationCounter counter;
+    (void)standardizer.apply(std::span<const float>(row), std::span<float>(out), &screen);
+    CHECK(counter.stop() == 0);
+    CHECK(standardizer.nucleus_fallbacks() == 0);
+    CHECK(screen.taken == (temperature == 1.0));
   }
 }
 

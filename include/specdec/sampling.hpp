@@ -140,6 +140,10 @@ class Standardizer {
     if (options_.top_p < 1.0) {
       histogram_.reserve(2 * detail::nucleus_histogram_size);
       codes_.reserve(vocab_size);
+      if (vocab_size >= nucleus_sampled_from) {
+        band_.reserve(vocab_size + detail::nucleus_band_slack);
+        band_keys_<T>().reserve(vocab_size + detail::nucleus_band_slack);
+      }
     }
     if (sparse_for(vocab_size)) {
       const std::size_t blocks = (vocab_size + select_block - 1) / select_block;
