@@ -586,26 +586,6 @@ SPECDEC_KERNEL_INLINE void list_mask_bits(std::uint32_t mask, std::size_t j, con
 #if defined(__SSE2__)
 // The portable build on x86-64 (SSE2 is part of the architecture): the same lanes in
 // 16-byte packs.
-SPECDEC_PORTABLE_KERNEL inline double nucleus_total_sse2(const float* weights,
-                                                         std::size_t size) noexcept {
-  constexpr std::size_t packs = nucleus_lanes / 2;
-  __m128d sum[packs];
-  for (auto& pack : sum) pack = _mm_setzero_pd();
-  const __m128 zero = _mm_setzero_ps();
-  std::size_t j = 0;
-  for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
-    for (std::size_t h = 0; h < packs / 2; ++h) {
-      const __m128 w = _mm_loadu_ps(weights + j + 4 * h);
-      const __m128 kept = _mm_and_ps(w, _mm_cmpgt_ps(w, zero));
-      sum[2 * h] = _mm_add_pd(sum[2 * h], _mm_cvtps_pd(kept));
-      sum[2 * h + 1] = _mm_add_pd(sum[2 * h + 1], _mm_cvtps_pd(_mm_movehl_ps(kept, kept)));
-    }
-  }
-  nucleus_lane_array lanes;
-  for (std::size_t q = 0; q < packs; ++q) _mm_storeu_pd(lanes.data() + 2 * q, sum[q]);
-  return nucleus_total_finish(lanes, weights, j, size);
-}
-
 template <bool KeyIsWeight>
 SPECDEC_PORTABLE_KERNEL nucleus_band_found nucleus_band_sse2(const float* key, const float* weights,
                                                              std::size_t size, float high,
@@ -641,9 +621,6 @@ SPECDEC_PORTABLE_KERNEL nucleus_band_found nucleus_band_sse2(const float* key, c
 template <class T>
 [[nodiscard]] SPECDEC_PORTABLE_KERNEL inline double nucleus_total_portable(
     const T* weights, std::size_t size) noexcept {
-#if defined(__SSE2__)
-  if constexpr (std::is_same_v<T, float>) return nucleus_total_sse2(weights, size);
-#endif
   nucleus_lane_array lanes{};
   std::size_t j = 0;
   for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
@@ -691,27 +668,6 @@ template <class U, class T>
 }
 
 #if SPECDEC_DISPATCH_AVX2
-SPECDEC_TARGET_AVX2 inline double nucleus_total_avx2(const float* weights,
-                                                     std::size_t size) noexcept {
-  constexpr std::size_t packs = nucleus_lanes / 4;
-  __m256d sum[packs];
-  for (auto& pack : sum) pack = _mm256_setzero_pd();
-  const __m256 zero = _mm256_setzero_ps();
-  std::size_t j = 0;
-  for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
-    for (std::size_t h = 0; h < packs / 2; ++h) {
-      const __m256 w = _mm256_loadu_ps(weights + j + 8 * h);
-      const __m256 kept = _mm256_and_ps(w, _mm256_cmp_ps(w, zero, _CMP_GT_OQ));
-      sum[2 * h] = _mm256_add_pd(sum[2 * h], _mm256_cvtps_pd(_mm256_castps256_ps128(kept)));
-      sum[2 * h + 1] =
-          _mm256_add_pd(sum[2 * h + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(kept, 1)));
-    }
-  }
-  nucleus_lane_array lanes;
-  for (std::size_t q = 0; q < packs; ++q) _mm256_storeu_pd(lanes.data() + 4 * q, sum[q]);
-  return nucleus_total_finish(lanes, weights, j, size);
-}
-
 /// For each 8-bit mask, the positions of its set bits, in order (then zeros): the lane
 /// permutation that packs the selected lanes of 8 to the front.
 struct pack_front_table {
@@ -769,31 +725,6 @@ SPECDEC_TARGET_AVX2 nucleus_band_found nucleus_band_avx2(const float* key, const
 #endif
 
 #if SPECDEC_DISPATCH_AVX512
-SPECDEC_TARGET_AVX512 inline double nucleus_total_avx512(const float* weights,
-                                                         std::size_t size) noexcept {
-  constexpr std::size_t packs = nucleus_lanes / 8;
-  __m512d sum[packs];
-  for (auto& pack : sum) pack = _mm512_setzero_pd();
-  const __m512 zero = _mm512_setzero_ps();
-  std::size_t j = 0;
-  for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
-    for (std::size_t h = 0; h < packs / 2; ++h) {
-      const float* const from = weights + j + 16 * h;
-      const __mmask16 kept = _mm512_cmp_ps_mask(_mm512_loadu_ps(from), zero, _CMP_GT_OQ);
-      // Zero-masked conversions add +0 where the mask is clear (and, unlike the unmasked
-      // forms, do not trip GCC 12's -Wmaybe-uninitialized inside the intrinsics header).
-      sum[2 * h] = _mm512_add_pd(
-          sum[2 * h], _mm512_maskz_cvtps_pd(static_cast<__mmask8>(kept), _mm256_loadu_ps(from)));
-      sum[2 * h + 1] = _mm512_add_pd(
-          sum[2 * h + 1],
-          _mm512_maskz_cvtps_pd(static_cast<__mmask8>(kept >> 8U), _mm256_loadu_ps(from + 8)));
-    }
-  }
-  nucleus_lane_array lanes;
-  for (std::size_t q = 0; q < packs; ++q) _mm512_storeu_pd(lanes.data() + 8 * q, sum[q]);
-  return nucleus_total_finish(lanes, weights, j, size);
-}
-
 template <bool KeyIsWeight>
 SPECDEC_TARGET_AVX512 nucleus_band_found nucleus_band_avx512(const float* key, const float* weights,
                                                              std::size_t size, float high,
@@ -938,7 +869,7 @@ SPECDEC_TARGET_AVX512 inline max_and_total<float> nucleus_max_total_avx512(
       const float* const from = row + j + 16 * h;
       const __m512 w = _mm512_loadu_ps(from);
       bad = static_cast<__mmask16>(bad | _mm512_cmp_ps_mask(w, zero, _CMP_NGE_UQ));
-      // A NaN lane of w keeps best (the zero-masked form: see nucleus_total_avx512).
+      // A NaN lane of w keeps best (the zero-masked form: see nucleus_band_avx512).
       best = _mm512_maskz_max_ps(static_cast<__mmask16>(0xFFFFU), w, best);
       const __mmask16 kept = _mm512_cmp_ps_mask(w, zero, _CMP_GT_OQ);
       sum[2 * h] = _mm512_add_pd(
@@ -956,19 +887,7 @@ SPECDEC_TARGET_AVX512 inline max_and_total<float> nucleus_max_total_avx512(
 }
 #endif
 
-/// The two passes on the active kernel path (the same results on every path).
-template <class T>
-[[nodiscard]] inline double nucleus_total(const T* weights, std::size_t size) noexcept {
-  if constexpr (std::is_same_v<T, float>) {
-#if SPECDEC_DISPATCH_AVX512
-    if (use_avx512()) return nucleus_total_avx512(weights, size);
-#endif
-#if SPECDEC_DISPATCH_AVX2
-    if (use_avx2()) return nucleus_total_avx2(weights, size);
-#endif
-  }
-  return nucleus_total_portable(weights, size);
-}
+/// nucleus_band on the active kernel path (the same results on every path).
 template <class U, class T>
 [[nodiscard]] inline nucleus_band_found nucleus_band(const U* key, const T* weights,
                                                      std::size_t size, U high, U low,
@@ -1009,7 +928,19 @@ template <class T>
   }
   bool signs_passed = true;
   const T maximum = span_max<true>(row, size, signs_passed);
-  return {maximum, nucleus_total(row, size), signs_passed};
+  return {maximum, nucleus_total_portable(row, size), signs_passed};
+}
+
+/// nucleus_total on the active kernel path: float rows take nucleus_max_total's pass (the
+/// maximum and the signs come almost free with the float-to-double conversions that bound
+/// it), other rows the portable loops.
+template <class T>
+[[nodiscard]] inline double nucleus_total(const T* weights, std::size_t size) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+    return nucleus_max_total(weights, size).total;
+  } else {
+    return nucleus_total_portable(weights, size);
+  }
 }
 
 /// The smallest positive T whose magnitude_code is `code` (0 for codes <= 0).
