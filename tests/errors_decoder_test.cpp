@@ -608,76 +608,32 @@ TEMPLATE_TEST_CASE(
   }
 }
 
-TEMPLATE_TEST_CASE("D13-D15 top-k: rows kept as survivors are validated in the selection pass",
-                   "[errors][speculative_decoder]", float, double) {
-  // With top-k truncation the decoder reads each model row once, selecting its survivors;
-  // validation rides on that pass: the same codes and messages as every other path, for
-  // draft rows, per-prefix target rows and batched target rows.
+/// Every content fault (NaN, negative, zero row, unnormalised) and a short row, in draft
+/// rows, per-prefix target rows and batched target rows of `vocab` entries, decoded with
+/// `sampling`: the same codes and messages as every other path.
+template <class T>
+void check_row_faults(const specdec::SamplingOptions& sampling, std::size_t vocab) {
   struct Case {
     fault how;
     errc code;
-    const char* problem;
+    std::string problem;
   };
-  for (const Case c :
+  for (const Case& c :
        {Case{fault::nan_entry, errc::invalid_probability, "entry for token 1 is NaN"},
         Case{fault::negative, errc::invalid_probability, "entry for token 1 is negative"},
         Case{fault::zero_row, errc::zero_mass, "all entries are zero"},
         Case{fault::unnormalized, errc::not_normalized, "entries sum to 1.5"},
-        Case{fault::short_row, errc::invalid_size, "has 3 entries"}}) {
+        Case{fault::short_row, errc::invalid_size,
+             "has " + std::to_string(vocab - 1) + " entries"}}) {
     specdec::DecoderOptions options = fixed(2);
-    options.sampling = {.temperature = 0.7, .top_k = 2, .top_p = 0.95};
+    options.sampling = sampling;
     for (const int where : {0, 1, 2}) {  // draft, per-prefix target, batched target
       if (where == 2 && c.how == fault::short_row) continue;  // a block has no short rows
       INFO("fault in " << (where == 0 ? "the draft" : where == 1 ? "a target row" : "a block row"));
-      ScriptedModel<TestType> draft;
-      ScriptedModel<TestType> target;
-      ScriptedBatchedModel<TestType> batched;
-      (where == 0 ? draft : where == 1 ? target : batched).fail_at = 1;
-      (where == 0 ? draft : where == 1 ? target : batched).how = c.how;
-      const std::string row = where == 0 ? "draft row 1" : "target row 1";
-      const std::string expected = row + " (step 0, sequence position 3): " + c.problem;
-      if (where == 2) {
-        specdec::SpeculativeDecoder decoder(batched, draft, options);
-        check_error(
-            "D13", [&] { (void)decoder.generate(prompt, 8, std::uint64_t{1}); }, c.code, expected);
-      } else {
-        specdec::SpeculativeDecoder decoder(target, draft, options);
-        check_error(
-            "D13", [&] { (void)decoder.generate(prompt, 8, std::uint64_t{1}); }, c.code, expected);
-      }
-    }
-  }
-}
-
-TEMPLATE_TEST_CASE("D13-D15 top-p: long rows are screened in the standardization's first pass",
-                   "[errors][speculative_decoder]", float, double) {
-  // Top-p alone at T = 1 on rows of at least 4096 entries takes the validation screen (signs
-  // and sum) in the pass that finds the row's maximum and mass
-  // (Standardizer::screens_first_pass), after which the decoder judges the row: the same
-  // codes and messages as every other path, for draft rows, per-prefix target rows and
-  // batched target rows; a short row is still refused before anything reads it.
-  struct Case {
-    fault how;
-    errc code;
-    const char* problem;
-  };
-  constexpr std::size_t vocab = 5000;
-  for (const Case c :
-       {Case{fault::nan_entry, errc::invalid_probability, "entry for token 1 is NaN"},
-        Case{fault::negative, errc::invalid_probability, "entry for token 1 is negative"},
-        Case{fault::zero_row, errc::zero_mass, "all entries are zero"},
-        Case{fault::unnormalized, errc::not_normalized, "entries sum to 1.5"},
-        Case{fault::short_row, errc::invalid_size, "has 4999 entries"}}) {
-    specdec::DecoderOptions options = fixed(2);
-    options.sampling = {.top_p = 0.9};
-    for (const int where : {0, 1, 2}) {  // draft, per-prefix target, batched target
-      if (where == 2 && c.how == fault::short_row) continue;  // a block has no short rows
-      INFO("fault in " << (where == 0 ? "the draft" : where == 1 ? "a target row" : "a block row"));
-      ScriptedModel<TestType> draft;
-      ScriptedModel<TestType> target;
-      ScriptedBatchedModel<TestType> batched;
-      for (ScriptedModel<TestType>* model :
-           {&draft, &target, static_cast<ScriptedModel<TestType>*>(&batched)}) {
+      ScriptedModel<T> draft;
+      ScriptedModel<T> target;
+      ScriptedBatchedModel<T> batched;
+      for (ScriptedModel<T>* model : {&draft, &target, static_cast<ScriptedModel<T>*>(&batched)}) {
         model->vocab = vocab;
         model->reported_vocab = vocab;
       }
@@ -696,6 +652,23 @@ TEMPLATE_TEST_CASE("D13-D15 top-p: long rows are screened in the standardization
       }
     }
   }
+}
+
+TEMPLATE_TEST_CASE("D13-D15 top-k: rows kept as survivors are validated in the selection pass",
+                   "[errors][speculative_decoder]", float, double) {
+  // With top-k truncation the decoder reads each model row once, selecting its survivors;
+  // validation rides on that pass.
+  check_row_faults<TestType>({.temperature = 0.7, .top_k = 2, .top_p = 0.95}, 4);
+}
+
+TEMPLATE_TEST_CASE("D13-D15 top-p: long rows are screened in the standardization's first pass",
+                   "[errors][speculative_decoder]", float, double) {
+  // Top-p alone at T = 1 on rows of at least 4096 entries takes the validation screen (signs
+  // and sum) in the pass that finds the row's maximum and mass
+  // (Standardizer::screens_first_pass), after which the decoder judges the row; a short row
+  // is still refused before anything reads it.
+  constexpr std::size_t vocab = 5000;
+  check_row_faults<TestType>({.top_p = 0.9}, vocab);
   // Valid long rows pass the screen: the decoder generates.
   ScriptedModel<TestType> draft;
   ScriptedModel<TestType> target;
