@@ -18,7 +18,9 @@
 //     taken); drafting also ends right after a stop token.
 //  3. Scoring. A BatchedLanguageModel target scores all gamma + 1 prefixes in ONE score_draft
 //     call; any other target is called once per prefix. Target rows get the same
-//     standardization as draft rows.
+//     standardization as draft rows; a batched target's rows are standardized (with their
+//     checks) when verification first reads them, so rows after the first rejection cost
+//     nothing and are not checked, as when its rows are used in place.
 //  4. Verification by the exact core: Algorithm 1's decisions (detail::accept_drafts for a
 //     LanguageModel draft, accept_proposals for a proposal drafter: the loops of
 //     verify_speculative and verify_speculative_proposals) and the residual or bonus draw,
@@ -1140,17 +1142,27 @@ class SpeculativeDecoder {
       }
       if constexpr (std::is_same_v<scored_scalar, value_type>) {
         if (!needs_target_rows()) {  // in place: validated by the passes that read them
-          verify(g, result, rows, options_.validate_rows);
+          verify(g, result, rows, options_.validate_rows, no_target_loads{});
           return;
         }
       }
-      for (std::size_t i = 0; i <= drafted; ++i) {
-        load_target_row(std::span<const scored_scalar>(rows.row(i)), i);
-      }
+      // Lazily: row i is standardized (or copied) when verification first reads it, so
+      // rows after the first rejection are never touched (the scored block outlives the
+      // verification). Greedy reads every row it compares: loaded up front.
+      std::size_t loaded = 0;
+      const auto load_through = [&](std::size_t i) {
+        for (; loaded <= i; ++loaded) {
+          load_target_row(std::span<const scored_scalar>(rows.row(loaded)), loaded);
+        }
+      };
+      if (options_.sampling.greedy()) load_through(drafted);
       if (sparse_mode()) {
-        verify_sparse(g, result);
+        verify_sparse(g, result, load_through);
         return;
       }
+      verify(g, result, RowsView<const value_type>(target_rows_.data(), drafted + 1, vocab_size_),
+             false, load_through);
+      return;
     } else {
       for (std::size_t i = 0; i <= drafted; ++i) {
         const std::span<const token_id> prefix(sequence_.data(), base_length_ + i);
@@ -1161,13 +1173,18 @@ class SpeculativeDecoder {
         load_target_row(as_span(returned), i);
       }
       if (sparse_mode()) {
-        verify_sparse(g, result);
+        verify_sparse(g, result, no_target_loads{});
         return;
       }
     }
     verify(g, result, RowsView<const value_type>(target_rows_.data(), drafted + 1, vocab_size_),
-           false);
+           false, no_target_loads{});
   }
+
+  // Target rows already in place or in the workspace: nothing to load before reading row i.
+  struct no_target_loads {
+    constexpr void operator()(std::size_t /*row*/) const noexcept {}
+  };
 
   // Checks and copies (greedy, identity) or standardizes a target row into the workspace
   // (sparse: its survivors, validated inside the selection pass).
@@ -1218,8 +1235,11 @@ class SpeculativeDecoder {
   // each row the step reads is then screened in the pass that reads it, and only those
   // rows: p_1..p_n (accepted) in their beta pass or a pass of their own, p_{n+1} in the
   // residual or bonus draw's pass. Rows after it are never read, so never checked.
-  template <class G>
-  void verify(G& g, StepResult& result, RowsView<const value_type> target_rows, bool screen) {
+  // `load_through(i)`: makes target rows 0..i readable (a batched target's rows are
+  // standardized when first read); called before any read of row i.
+  template <class G, class LoadThrough>
+  void verify(G& g, StepResult& result, RowsView<const value_type> target_rows, bool screen,
+              LoadThrough&& load_through) {
     const std::size_t drafted = result.drafted;
     const std::span<const token_id> drafts(sequence_.data() + base_length_, drafted);
     result.nodes_scored = drafted;
@@ -1244,14 +1264,22 @@ class SpeculativeDecoder {
     }
     const double lenience = options_.lenience;
     std::size_t n = 0;
+    const auto p_at = [&](std::size_t i, std::size_t x) {
+      load_through(i);
+      return static_cast<double>(target_rows(i, x));
+    };
+    // Unchecked entries: in-place rows are validated after the decisions (see above).
     if constexpr (draft_is_model) {
-      // Unchecked entries: in-place rows are validated after the decisions (see above).
-      const auto draft_rows = [this](std::size_t i, std::size_t x) { return draft_row_at_[i][x]; };
-      n = detail::accept_drafts<false>(drafts, draft_rows, draft_scales_.data(), target_rows, g,
-                                       lenience);
+      n = detail::accept_drafts_with<false>(
+          drafts, p_at,
+          [this](std::size_t i, std::size_t x) {
+            return static_cast<double>(draft_row_at_[i][x]) * draft_scales_[i];
+          },
+          g, lenience);
     } else {
-      n = detail::accept_proposals<false>(drafts, target_rows, g, lenience);
+      n = detail::accept_proposals_with<false>(drafts, p_at, g, lenience);
     }
+    load_through(n);  // the row of the final draw (rows before it were read by the decisions)
     const bool beta = options_.collect_beta;
     double beta_sum = 0.0;
     for (std::size_t i = 0; i < n; ++i) beta_sum += read_accepted_row(i, target_rows, screen);
@@ -1377,13 +1405,14 @@ class SpeculativeDecoder {
   // verify() over sparse rows: the same decisions (detail::accept_drafts_with and
   // accept_proposals_with read two survivors' weights per position), then the residual or
   // bonus draw and beta over survivors.
-  template <class G>
-  void verify_sparse(G& g, StepResult& result) {
+  template <class G, class LoadThrough>
+  void verify_sparse(G& g, StepResult& result, LoadThrough&& load_through) {
     const std::size_t drafted = result.drafted;
     const std::span<const token_id> drafts(sequence_.data() + base_length_, drafted);
     result.nodes_scored = drafted;
     const double lenience = options_.lenience;
-    const auto p_at = [this](std::size_t i, std::size_t x) {
+    const auto p_at = [&](std::size_t i, std::size_t x) {
+      load_through(i);
       return static_cast<double>(sparse_target(i).at(x));
     };
     std::size_t n = 0;
@@ -1397,6 +1426,7 @@ class SpeculativeDecoder {
     } else {
       n = detail::accept_proposals_with(drafts, p_at, g, lenience);
     }
+    load_through(n);  // the row of the final draw
     const bool beta = options_.collect_beta;
     double beta_sum = 0.0;
     const auto beta_at = [&](std::size_t i) {
