@@ -27,7 +27,7 @@ struct row_maximum {
 
   row_maximum() noexcept { lanes.fill(-std::numeric_limits<T>::infinity()); }
 
-  inline void add(const T* row, std::size_t count) noexcept {
+  SPECDEC_KERNEL_INLINE void add(const T* row, std::size_t count) noexcept {
     const std::size_t full = count / sampling_lanes * sampling_lanes;
     for (std::size_t j = 0; j < full; j += sampling_lanes) {
       for (std::size_t k = 0; k < sampling_lanes; ++k) {

@@ -74,7 +74,7 @@ struct sign_screen {
 
   sign_screen() noexcept { good.fill(mask{-1}); }
 
-  inline void add(const T* row, std::size_t count) noexcept {
+  SPECDEC_KERNEL_INLINE void add(const T* row, std::size_t count) noexcept {
     const std::size_t full = count / sampling_lanes * sampling_lanes;
     for (std::size_t j = 0; j < full; j += sampling_lanes) {
       for (std::size_t k = 0; k < sampling_lanes; ++k) {
@@ -97,7 +97,7 @@ template <class T>
 struct lane_sum {
   std::array<double, sampling_lanes> lanes{};
 
-  inline void add(const T* row, std::size_t count) noexcept {
+  SPECDEC_KERNEL_INLINE void add(const T* row, std::size_t count) noexcept {
     std::array<T, sampling_lanes> block{};
     const std::size_t full = count / sampling_lanes * sampling_lanes;
     for (std::size_t j = 0; j < full; j += sampling_lanes) {
@@ -133,7 +133,7 @@ struct row_screen {
   sign_screen<T> signs;
   lane_sum<T> sum;
 
-  inline void add(const T* row, std::size_t count) noexcept {
+  SPECDEC_KERNEL_INLINE void add(const T* row, std::size_t count) noexcept {
     signs.add(row, count);
     sum.add(row, count);
   }
