@@ -1,6 +1,7 @@
 // SpeculativeDecoder overhead per step, excluding model time: the models return
 // precomputed float rows (a batched target scoring gamma + 1 prefixes in one call, a draft
-// returning one row per call), V = 32000 and 128000, gamma = 4, alpha about 0.8 at T = 1.
+// returning one row per call), V = 32000 and 128000, gamma = 4, alpha about 0.8 at T = 1
+// (BM_DecoderVsPeer: V up to 256000, gamma 1, 4 and 8).
 //
 // Each iteration times, interleaved and in a rotating order (baseline.hpp), on thread CPU
 // time: one decoder.step() on a fixed context; the pure read of the 2 gamma + 1 rows the
@@ -56,7 +57,7 @@ namespace {
 
 using specdec::token_id;
 
-constexpr std::size_t gamma = 4;
+constexpr std::size_t default_gamma = 4;  // BM_DecoderStep's draft length
 
 // Target rows p and draft rows q for `distinct` positions (8, or gamma for BM_DecoderScaling),
 // each stored twice in a row so that gamma + 1 consecutive positions are one contiguous block. p is
@@ -156,6 +157,7 @@ enum class mode { identity, truncated, greedy, top_p, tempered_top_p };
 // (peer::Truncation), as vLLM and Hugging Face do before their rejection samplers.
 struct PeerStep {
   const RowBank* rows;
+  std::size_t gamma;
   specdec::peer::Algorithm1 algorithm;
   std::vector<token_id> drafts;
   std::unique_ptr<specdec::peer::Truncation> truncation{};
@@ -190,19 +192,29 @@ struct PeerStep {
   }
 };
 
+// One configuration of the step: V, sampling, checks, where the rows are, kernel path
+// (0: the portable kernels forced; 1: the best path this CPU has, kernel_path.hpp; 2: the
+// AVX2 kernels forced) and gamma.
+struct StepSetup {
+  std::size_t vocab;
+  mode sampling_mode;
+  bool checks;
+  specdec::baseline::residence where;
+  std::int64_t kernels;
+  std::size_t gamma;
+};
+
 template <class Draft>
-void decoder_step(benchmark::State& state) {
+void decoder_step(benchmark::State& state, const StepSetup& setup) {
   namespace bl = specdec::baseline;
-  const auto vocab = static_cast<std::size_t>(state.range(0));
-  const auto sampling_mode = static_cast<mode>(state.range(1));
-  const bool checks = state.range(2) != 0;
-  const auto where = static_cast<bl::residence>(state.range(3));
-  // kernels 0: the portable kernels forced; 1: the best path this CPU has (kernel_path.hpp);
-  // 2: the AVX2 kernels forced.
-  const auto kernels = state.range(4);
-  if (kernels == 0) specdec::force_kernel_path(specdec::kernel_path::portable);
-  if (kernels == 2) specdec::force_kernel_path(specdec::kernel_path::avx2);
-  const RowBank& rows = bank(vocab);
+  const std::size_t vocab = setup.vocab;
+  const mode sampling_mode = setup.sampling_mode;
+  const bool checks = setup.checks;
+  const bl::residence where = setup.where;
+  const std::size_t gamma = setup.gamma;
+  if (setup.kernels == 0) specdec::force_kernel_path(specdec::kernel_path::portable);
+  if (setup.kernels == 2) specdec::force_kernel_path(specdec::kernel_path::avx2);
+  const RowBank& rows = bank(vocab, std::max<std::size_t>(8, gamma));
   PrecomputedTarget target{&rows};
   Draft draft{{&rows}};
   specdec::DecoderOptions options;
@@ -221,7 +233,7 @@ void decoder_step(benchmark::State& state) {
   decoder.reserve(context.size());
   specdec::xoshiro256pp g(7);
   specdec::xoshiro256pp peer_g(7);
-  PeerStep peer{&rows, specdec::peer::Algorithm1(vocab), {}};
+  PeerStep peer{&rows, gamma, specdec::peer::Algorithm1(vocab), {}};
   peer.drafts.reserve(gamma);
   if (truncating) {
     peer.truncation = std::make_unique<specdec::peer::Truncation>(
@@ -267,11 +279,17 @@ void decoder_step(benchmark::State& state) {
 }
 
 void BM_DecoderStep(benchmark::State& state) {
+  const StepSetup setup{static_cast<std::size_t>(state.range(0)),
+                        static_cast<mode>(state.range(1)),
+                        state.range(2) != 0,
+                        static_cast<specdec::baseline::residence>(state.range(3)),
+                        state.range(4),
+                        default_gamma};
   // stable 1: the draft declares stable_rows (read in place at T = 1, else no effect).
   if (state.range(5) != 0) {
-    decoder_step<StableDraft>(state);
+    decoder_step<StableDraft>(state, setup);
   } else {
-    decoder_step<PrecomputedDraft>(state);
+    decoder_step<PrecomputedDraft>(state, setup);
   }
 }
 
@@ -305,6 +323,41 @@ void decoder_arguments(benchmark::internal::Benchmark* benchmark) {
 
 BENCHMARK(BM_DecoderStep)->Apply(decoder_arguments<0>);
 BENCHMARK(BM_DecoderStep)->Apply(decoder_arguments<1>);
+
+// specdec against the fair peer at every V in {32k, 128k, 256k} and gamma in {1, 4, 8}, rows
+// in cache, best kernel path: T = 1 (checks on and off, the draft copied or read in place),
+// T = 0.7 + top-k 50 + top-p 0.9 and greedy (checks on and off). The same step, read and
+// peer as BM_DecoderStep; vs_peer above 1 means specdec is faster. (Top-p without top-k is
+// left to BM_DecoderStep: its peer sorts whole rows, 100x slower than specdec there.)
+void BM_DecoderVsPeer(benchmark::State& state) {
+  const StepSetup setup{static_cast<std::size_t>(state.range(0)),
+                        static_cast<mode>(state.range(2)),
+                        state.range(3) != 0,
+                        specdec::baseline::residence::cache,
+                        1,
+                        static_cast<std::size_t>(state.range(1))};
+  if (state.range(4) != 0) {
+    decoder_step<StableDraft>(state, setup);
+  } else {
+    decoder_step<PrecomputedDraft>(state, setup);
+  }
+}
+
+void peer_arguments(benchmark::internal::Benchmark* benchmark) {
+  benchmark->ArgNames({"V", "gamma", "mode", "checks", "stable"});
+  for (const std::int64_t vocab : {32000, 128000, 256000}) {
+    for (const std::int64_t draft_length : {1, 4, 8}) {
+      for (const std::int64_t sampling : {0, 1, 2}) {
+        for (const std::int64_t checks : {1, 0}) {
+          benchmark->Args({vocab, draft_length, sampling, checks, 0});
+          if (sampling == 0) benchmark->Args({vocab, draft_length, sampling, checks, 1});
+        }
+      }
+    }
+  }
+  benchmark->UseManualTime()->Unit(benchmark::kMicrosecond);
+}
+BENCHMARK(BM_DecoderVsPeer)->Apply(peer_arguments);
 
 // How the step's cost per entry scales with V and gamma (T = 1, checks on, rows in cache,
 // the same context every step): ns_per_entry = step time / ((2 gamma + 1) V), and vs_read
