@@ -69,9 +69,11 @@ struct FaultLog {
   // Greedy chain decoding validates inside its argmax scans: only the rows it takes a token
   // from, and not their sums, so a content fault is detected only if its row is read.
   bool greedy_scan = false;
-  // Sampling at T = 1 without truncation uses score_draft's rows in place and validates
-  // them in the passes that read them: rows after the one the final token is drawn from are
-  // never read, so a content fault in a block row is detected only if its row is read.
+  // Sampling (not greedy) reads score_draft's rows lazily: at T = 1 without truncation in
+  // place, validated in the passes that read them; otherwise each row is standardized, with
+  // its checks, when the decisions first read it. Rows after the one the final token is
+  // drawn from are never read, so a content fault in a block row is detected only if its
+  // row is read.
   bool lazy_block_rows = false;
   bool in_block = false;  // inside score_draft
   [[nodiscard]] bool lazy() const { return greedy_scan || (lazy_block_rows && in_block); }
@@ -624,7 +626,7 @@ void run_with(FuzzedDataProvider& in, FaultLog& log, Target& target, Draft& draf
   log.content_faults = setup.options.validate_rows;
   log.greedy_scan = setup.options.validate_rows && setup.options.sampling.greedy() && !setup.tree;
   log.lazy_block_rows =
-      setup.options.validate_rows && setup.options.sampling.identity() && !setup.tree;
+      setup.options.validate_rows && !setup.options.sampling.greedy() && !setup.tree;
   if constexpr (!specdec::LanguageModel<Draft> && !specdec::MultiProposalDrafter<Draft>) {
     if (setup.tree) setup.construction_problems.push_back(errc::invalid_option);
   }
