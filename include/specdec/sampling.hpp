@@ -187,7 +187,7 @@ class Standardizer {
       const auto found = detail::nucleus_max_total(probabilities.data(), size);
       maximum = found.maximum;
       known_total = found.total;
-      if (screen != nullptr) *screen = {true, found.signs_passed, found.total};
+      if (screen != nullptr) *screen = {found.signs_passed, found.total};
       if (maximum == -std::numeric_limits<U>::infinity()) {  // max_entry's NaN-row rule
         maximum = detail::max_entry(probabilities.data(), size);
       }

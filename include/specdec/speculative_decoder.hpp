@@ -1148,21 +1148,13 @@ class SpeculativeDecoder {
       }
       // Lazily: row i is standardized (or copied) when verification first reads it, so
       // rows after the first rejection are never touched (the scored block outlives the
-      // verification). Greedy reads every row it compares: loaded up front.
+      // verification).
       std::size_t loaded = 0;
-      const auto load_through = [&](std::size_t i) {
+      verify_workspace(g, result, [&](std::size_t i) {
         for (; loaded <= i; ++loaded) {
           load_target_row(std::span<const scored_scalar>(rows.row(loaded)), loaded);
         }
-      };
-      if (options_.sampling.greedy()) load_through(drafted);
-      if (sparse_mode()) {
-        verify_sparse(g, result, load_through);
-        return;
-      }
-      verify(g, result, RowsView<const value_type>(target_rows_.data(), drafted + 1, vocab_size_),
-             false, load_through);
-      return;
+      });
     } else {
       for (std::size_t i = 0; i <= drafted; ++i) {
         const std::span<const token_id> prefix(sequence_.data(), base_length_ + i);
@@ -1172,19 +1164,27 @@ class SpeculativeDecoder {
         ++result.target_calls;
         load_target_row(as_span(returned), i);
       }
-      if (sparse_mode()) {
-        verify_sparse(g, result, no_target_loads{});
-        return;
-      }
+      verify_workspace(g, result, no_target_loads{});
     }
-    verify(g, result, RowsView<const value_type>(target_rows_.data(), drafted + 1, vocab_size_),
-           false, no_target_loads{});
   }
 
   // Target rows already in place or in the workspace: nothing to load before reading row i.
   struct no_target_loads {
     constexpr void operator()(std::size_t /*row*/) const noexcept {}
   };
+
+  // Verification over the workspace's target rows (survivors in sparse mode), which
+  // load_through(i) fills up to row i before any read of it.
+  template <class G, class LoadThrough>
+  void verify_workspace(G& g, StepResult& result, LoadThrough&& load_through) {
+    if (sparse_mode()) {
+      verify_sparse(g, result, load_through);
+    } else {
+      verify(g, result,
+             RowsView<const value_type>(target_rows_.data(), result.drafted + 1, vocab_size_),
+             false, load_through);
+    }
+  }
 
   // Checks and copies (greedy, identity) or standardizes a target row into the workspace
   // (sparse: its survivors, validated inside the selection pass).
@@ -1220,10 +1220,7 @@ class SpeculativeDecoder {
     check_size(row, model, index);
     detail::first_pass_screen screen;
     const double top = standardizer_.apply(row, out, &screen);
-    if (!screen.taken) {
-      check_row(row, model, index);
-    } else if (!detail::plausible_total<U>(screen.signs_passed, screen.total,
-                                           default_sum_tolerance<U>)) {
+    if (!detail::plausible_total<U>(screen.signs_passed, screen.total, default_sum_tolerance<U>)) {
       reject_probability_row(row, model, index);
     }
     return top;
@@ -1244,6 +1241,7 @@ class SpeculativeDecoder {
     const std::span<const token_id> drafts(sequence_.data() + base_length_, drafted);
     result.nodes_scored = drafted;
     if (options_.sampling.greedy()) {
+      load_through(drafted);  // verify_greedy takes the rows as one view
       VerificationResult verdict;
       if (options_.validate_rows) {
         std::size_t bad_row = detail::no_index;
