@@ -544,25 +544,11 @@ struct ProposesThree {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE(
-    "D13-D15 sampling: a batched target's rows are checked when first read, rows after "
-    "the final token's never",
-    "[errors][speculative_decoder]", float, double) {
-  // A batched target at T = 1 without truncation is verified on its own rows: each row the
-  // step reads whole is screened in that pass (beta or a screen of its own for accepted
-  // rows, the residual or bonus draw for the last). With any other standardization (dense
-  // tempered or top-p rows, top-k survivors) row i is standardized, with its checks, when
-  // the decisions first read it. p_1..p_{n+1} are read, so a bad one is named like any row
-  // error; rows after the final token's row are never read, so not checked, and the step
-  // decodes as if they were fine.
-  specdec::SamplingOptions tempered;
-  tempered.temperature = 0.7;
-  specdec::SamplingOptions nucleus;
-  nucleus.top_p = 0.9;
-  specdec::SamplingOptions truncated;
-  truncated.top_k = 2;
-  const specdec::SamplingOptions samplings[] = {specdec::SamplingOptions{}, tempered, nucleus,
-                                                truncated};
+/// Each content fault in row 0, 1 or 2 of a batched target's block, decoded with
+/// `options` (gamma 2): reported, named like any row error, when the step reads the row;
+/// decoded as if it were fine when the row comes after the final token's.
+template <class T>
+void check_block_row_faults(const specdec::DecoderOptions& options) {
   struct Fault {
     fault how;
     errc code;
@@ -577,48 +563,66 @@ TEMPLATE_TEST_CASE(
     return "target row " + std::to_string(row) + " (step 0, sequence position " +
            std::to_string(2 + row) + "): " + problem;
   };
-  for (const specdec::SamplingOptions& sampling : samplings)
-    for (const Fault f : faults) {
-      for (std::size_t bad = 0; bad <= 2; ++bad) {
-        for (const bool beta : {true, false}) {
-          INFO("T " << sampling.temperature << ", top-p " << sampling.top_p << ", top-k "
-                    << sampling.top_k << ", row " << bad << ", collect_beta " << beta);
-          specdec::DecoderOptions options = fixed(2);
-          options.sampling = sampling;
-          options.collect_beta = beta;
-          // Draft = target: both drafts accepted, rows 0, 1 (accepted) and 2 (bonus) read.
-          HalvesTarget<TestType> target{bad, f.how};
-          FixedRowDraft<TestType> same{{TestType(0.5), TestType(0.5), TestType(0), TestType(0)}};
-          specdec::SpeculativeDecoder accepting(target, same, options);
-          check_error(
-              "D13", [&] { (void)accepting.generate(prompt, 8, std::uint64_t{1}); }, f.code,
-              expected(bad, f.problem));
-          // Drafts of token 3, which p rules out: rejected at once; row 0 (the residual's) is
-          // read, rows 1 and 2 never are.
-          HalvesTarget<TestType> target2{bad, f.how};
-          FixedRowDraft<TestType> threes{{TestType(0), TestType(0), TestType(0), TestType(1)}};
-          specdec::SpeculativeDecoder rejecting(target2, threes, options);
-          HalvesTarget<TestType> target3{bad, f.how};
-          ProposesThree proposer;
-          specdec::SpeculativeDecoder proposing(target3, proposer, options);
-          if (bad == 0) {
-            check_error(
-                "D13", [&] { (void)rejecting.generate(prompt, 8, std::uint64_t{1}); }, f.code,
-                expected(0, f.problem));
-            check_error(
-                "D13", [&] { (void)proposing.generate(prompt, 8, std::uint64_t{1}); }, f.code,
-                expected(0, f.problem));
-          } else {
-            const auto tokens = rejecting.generate(prompt, 8, std::uint64_t{1}).tokens;
-            const auto proposed = proposing.generate(prompt, 8, std::uint64_t{1}).tokens;
-            CHECK(tokens.size() == 8);
-            CHECK(proposed.size() == 8);
-            for (const token_id t : tokens) CHECK((t == 0 || t == 1));
-            for (const token_id t : proposed) CHECK((t == 0 || t == 1));
-          }
-        }
+  for (const Fault f : faults) {
+    for (std::size_t bad = 0; bad <= 2; ++bad) {
+      INFO("row " << bad);
+      // Draft = target: both drafts accepted, rows 0, 1 (accepted) and 2 (bonus) read.
+      HalvesTarget<T> target{bad, f.how};
+      FixedRowDraft<T> same{{T(0.5), T(0.5), T(0), T(0)}};
+      specdec::SpeculativeDecoder accepting(target, same, options);
+      check_error(
+          "D13", [&] { (void)accepting.generate(prompt, 8, std::uint64_t{1}); }, f.code,
+          expected(bad, f.problem));
+      // Drafts of token 3, which p rules out: rejected at once; row 0 (the residual's) is
+      // read, rows 1 and 2 never are.
+      HalvesTarget<T> target2{bad, f.how};
+      FixedRowDraft<T> threes{{T(0), T(0), T(0), T(1)}};
+      specdec::SpeculativeDecoder rejecting(target2, threes, options);
+      HalvesTarget<T> target3{bad, f.how};
+      ProposesThree proposer;
+      specdec::SpeculativeDecoder proposing(target3, proposer, options);
+      if (bad == 0) {
+        check_error(
+            "D13", [&] { (void)rejecting.generate(prompt, 8, std::uint64_t{1}); }, f.code,
+            expected(0, f.problem));
+        check_error(
+            "D13", [&] { (void)proposing.generate(prompt, 8, std::uint64_t{1}); }, f.code,
+            expected(0, f.problem));
+      } else {
+        const auto tokens = rejecting.generate(prompt, 8, std::uint64_t{1}).tokens;
+        const auto proposed = proposing.generate(prompt, 8, std::uint64_t{1}).tokens;
+        CHECK(tokens.size() == 8);
+        CHECK(proposed.size() == 8);
+        for (const token_id t : tokens) CHECK((t == 0 || t == 1));
+        for (const token_id t : proposed) CHECK((t == 0 || t == 1));
       }
     }
+  }
+}
+
+TEMPLATE_TEST_CASE(
+    "D13-D15 sampling: a batched target's rows are checked when first read, rows after "
+    "the final token's never",
+    "[errors][speculative_decoder]", float, double) {
+  // A batched target at T = 1 without truncation is verified on its own rows: each row the
+  // step reads whole is screened in that pass (beta or a screen of its own for accepted
+  // rows, the residual or bonus draw for the last). With any other standardization (dense
+  // tempered or top-p rows, top-k survivors) row i is standardized, with its checks, when
+  // the decisions first read it. p_1..p_{n+1} are read, so a bad one is named like any row
+  // error; rows after the final token's row are never read, so not checked, and the step
+  // decodes as if they were fine.
+  for (const specdec::SamplingOptions& sampling :
+       {specdec::SamplingOptions{}, specdec::SamplingOptions{.temperature = 0.7},
+        specdec::SamplingOptions{.top_p = 0.9}, specdec::SamplingOptions{.top_k = 2}}) {
+    for (const bool beta : {true, false}) {
+      INFO("T " << sampling.temperature << ", top-p " << sampling.top_p << ", top-k "
+                << sampling.top_k << ", collect_beta " << beta);
+      specdec::DecoderOptions options = fixed(2);
+      options.sampling = sampling;
+      options.collect_beta = beta;
+      check_block_row_faults<TestType>(options);
+    }
+  }
 }
 
 /// Every content fault (NaN, negative, zero row, unnormalised) and a short row, in draft
