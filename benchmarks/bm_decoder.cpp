@@ -278,19 +278,21 @@ void decoder_step(benchmark::State& state, const StepSetup& setup) {
   specdec::reset_kernel_path();
 }
 
-void BM_DecoderStep(benchmark::State& state) {
-  const StepSetup setup{static_cast<std::size_t>(state.range(0)),
-                        static_cast<mode>(state.range(1)),
-                        state.range(2) != 0,
-                        static_cast<specdec::baseline::residence>(state.range(3)),
-                        state.range(4),
-                        default_gamma};
-  // stable 1: the draft declares stable_rows (read in place at T = 1, else no effect).
-  if (state.range(5) != 0) {
+// stable: the draft declares stable_rows (read in place at T = 1, else no effect).
+void run_step(benchmark::State& state, const StepSetup& setup, bool stable) {
+  if (stable) {
     decoder_step<StableDraft>(state, setup);
   } else {
     decoder_step<PrecomputedDraft>(state, setup);
   }
+}
+
+void BM_DecoderStep(benchmark::State& state) {
+  run_step(state,
+           {static_cast<std::size_t>(state.range(0)), static_cast<mode>(state.range(1)),
+            state.range(2) != 0, static_cast<specdec::baseline::residence>(state.range(3)),
+            state.range(4), default_gamma},
+           state.range(5) != 0);
 }
 
 // Rows in cache: Google Benchmark picks the iteration count. Rows in DRAM: every sample
@@ -330,17 +332,11 @@ BENCHMARK(BM_DecoderStep)->Apply(decoder_arguments<1>);
 // peer as BM_DecoderStep; vs_peer above 1 means specdec is faster. (Top-p without top-k is
 // left to BM_DecoderStep: its peer sorts whole rows, 100x slower than specdec there.)
 void BM_DecoderVsPeer(benchmark::State& state) {
-  const StepSetup setup{static_cast<std::size_t>(state.range(0)),
-                        static_cast<mode>(state.range(2)),
-                        state.range(3) != 0,
-                        specdec::baseline::residence::cache,
-                        1,
-                        static_cast<std::size_t>(state.range(1))};
-  if (state.range(4) != 0) {
-    decoder_step<StableDraft>(state, setup);
-  } else {
-    decoder_step<PrecomputedDraft>(state, setup);
-  }
+  run_step(state,
+           {static_cast<std::size_t>(state.range(0)), static_cast<mode>(state.range(2)),
+            state.range(3) != 0, specdec::baseline::residence::cache, 1,
+            static_cast<std::size_t>(state.range(1))},
+           state.range(4) != 0);
 }
 
 void peer_arguments(benchmark::internal::Benchmark* benchmark) {
