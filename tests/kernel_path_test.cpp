@@ -287,7 +287,8 @@ TEMPLATE_TEST_CASE("kernel_path: every path sums and lists top-p's band bitwise"
   // Long rows of probabilities look for the nucleus from a sample, then take two passes:
   // the positive mass of the row (detail::nucleus_total, or with the row's maximum:
   // detail::nucleus_max_total, with the sign screen) and the mass of the keys above a
-  // band with the band's ids and keys listed (detail::nucleus_band). Float rows take
+  // band with the band's ids and keys listed (detail::nucleus_band); at T = 1 both in one
+  // pass (detail::nucleus_screened_band). Float rows take
   // intrinsics builds (SSE2, AVX2, AVX-512) whose double lanes must add exactly what the
   // portable loops add: every sum bitwise, the same ids and keys in the same order, for
   // lengths around the 16-entry chunks, the weights the keys themselves (T = 1) or another
@@ -321,6 +322,7 @@ TEMPLATE_TEST_CASE("kernel_path: every path sums and lists top-p's band bitwise"
     const T high = sorted[sorted.size() / 3 + 1 + specdec::uniform_below(g, sorted.size() / 2)];
     struct outcome {
       double total;
+      double screened_total;
       T maximum;
       double head;
       std::vector<std::uint32_t> ids;
@@ -341,9 +343,27 @@ TEMPLATE_TEST_CASE("kernel_path: every path sums and lists top-p's band bitwise"
       CHECK(valid == (trial % 4 != 1 && trial % 4 != 2));
       const auto found = specdec::detail::nucleus_band(key.data(), weights, size, high, low,
                                                        ids.data(), keys.data());
+      double screened_total = 0.0;
+      if (!tempered) {
+        // At T = 1 the band's pass takes the first pass's maximum, screen and mass too
+        // (nucleus_screened_band): the same maximum, verdict, head and ids, and the mass
+        // as head + the rest (another order of additions than nucleus_max_total's).
+        std::vector<std::uint32_t> fused_ids(size + specdec::detail::nucleus_band_slack);
+        const auto both =
+            specdec::detail::nucleus_screened_band(key.data(), size, high, low, fused_ids.data());
+        CHECK(both.screen.total == Catch::Approx(fused.total).epsilon(1e-12));
+        CHECK(same_bits(both.screen.maximum, fused.maximum));
+        CHECK(both.screen.signs_passed == fused.signs_passed);
+        CHECK(same_bits(both.band.head, found.head));
+        REQUIRE(both.band.count == found.count);
+        CHECK(std::equal(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(found.count),
+                         fused_ids.begin()));
+        screened_total = both.screen.total;
+      }
       ids.resize(found.count);
       keys.resize(found.count);
-      outcomes.push_back({total, fused.maximum, found.head, std::move(ids), std::move(keys)});
+      outcomes.push_back(
+          {total, screened_total, fused.maximum, found.head, std::move(ids), std::move(keys)});
     }
     // The portable result against a plain reading of the definition.
     double head = 0.0;
@@ -360,6 +380,7 @@ TEMPLATE_TEST_CASE("kernel_path: every path sums and lists top-p's band bitwise"
       CHECK(same_bits(first.keys[i], key[first.ids[i]]));
     for (std::size_t k = 1; k < outcomes.size(); ++k) {
       CHECK(same_bits(outcomes[k].total, first.total));
+      CHECK(same_bits(outcomes[k].screened_total, first.screened_total));
       CHECK(same_bits(outcomes[k].maximum, first.maximum));
       CHECK(same_bits(outcomes[k].head, first.head));
       CHECK(outcomes[k].ids == first.ids);

@@ -115,11 +115,15 @@ struct SamplingOptions {
 /// evenly spaced entries that places the end of the nucleus in a band, one pass summing the
 /// keys above the band and listing the band (both sums in double lanes), a histogram and a
 /// selection within the band only, then one pass writing the kept weights normalised by the
-/// nucleus mass (nucleus_fallbacks() counts the rows where the band missed the end and the
-/// full histogram ran instead). Shorter rows and logits: one histogram pass over the binary
-/// exponents of the weights (it also writes each entry's bucket, 2 bytes), a selection among
-/// the tokens of the bucket where the nucleus ends (expected linear time), then the same
-/// writing pass. At T = 1 the weights are read from the input itself (no copy first).
+/// nucleus mass. At T = 1 the sample comes first (placing the band as for a row of mass 1),
+/// so that the row's maximum, mass and screen are taken in the band's pass: two passes in
+/// all; where that band misses the end (a row whose mass is far from 1), the search runs
+/// again knowing the mass. nucleus_fallbacks() counts the rows where the band placed with
+/// the row's mass missed the end and the full histogram ran instead. Shorter rows and
+/// logits: one histogram pass over the binary exponents of the weights (it also writes each
+/// entry's bucket, 2 bytes), a selection among the tokens of the bucket where the nucleus
+/// ends (expected linear time), then the same writing pass. At T = 1 the weights are read from the
+/// input itself (no copy first).
 template <ProbabilityScalar T>
 class Standardizer {
  public:
@@ -180,15 +184,26 @@ class Standardizer {
     const std::size_t size = probabilities.size();
     if (size == 0) return 0.0;
     if (options_.greedy()) return one_hot_argmax(probabilities, out);
-    // Top-p alone at T = 1 on a long row: the maximum and the row's mass in one pass.
+    // Top-p alone at T = 1 on a long row: the maximum, the row's mass and the nucleus's
+    // band in one pass (nucleus_first_pass), then one pass writing the nucleus.
     double known_total = std::numeric_limits<double>::quiet_NaN();
     U maximum;
-    if (screens_first_pass<U>(size)) {
-      const auto found = detail::nucleus_max_total(probabilities.data(), size);
-      maximum = found.maximum;
-      known_total = found.total;
-      if (screen != nullptr) *screen = {found.signs_passed, found.total};
-      if (maximum == -std::numeric_limits<U>::infinity()) {  // max_entry's NaN-row rule
+    if constexpr (std::is_same_v<U, T>) {
+      if (screens_first_pass<U>(size)) {
+        const auto first = nucleus_first_pass(probabilities);
+        maximum = first.screen.maximum;
+        known_total = first.screen.total;
+        if (screen != nullptr) *screen = {first.screen.signs_passed, first.screen.total};
+        if (maximum == -std::numeric_limits<U>::infinity()) {  // max_entry's NaN-row rule
+          maximum = detail::max_entry(probabilities.data(), size);
+        }
+        if (maximum > U(0) && first.found && first.kept.mass > 0.0) {
+          detail::nucleus_keep(probabilities.data(), probabilities.data(), out.data(), size,
+                               first.kept.last_key, first.kept.last,
+                               static_cast<T>(1.0 / first.kept.mass));
+          return static_cast<double>(maximum) / first.kept.mass;
+        }
+      } else {
         maximum = detail::max_entry(probabilities.data(), size);
       }
     } else {
@@ -709,7 +724,6 @@ class Standardizer {
                                                                        std::span<const T> weights,
                                                                        U top_key,
                                                                        double known_total) {
-    using word = std::conditional_t<sizeof(U) == 8, std::uint64_t, std::uint32_t>;
     const std::size_t size = key.size();
     const nucleus<U> none{U(0), 0, 0.0};
     // known_total: the same sum, taken with the row's maximum (nucleus_max_total).
@@ -717,8 +731,73 @@ class Standardizer {
         known_total == known_total ? known_total : detail::nucleus_total(weights.data(), size);
     if (!(total > 0.0 && total <= std::numeric_limits<double>::max())) return {none, false};
     const double needed = options_.top_p * total;
+    U high{};
+    U low{};
+    if (!sampled_band(key, weights, detail::magnitude_code(top_key), total, high, low)) {
+      return {none, false};
+    }
+    auto& band_keys = reserve_band<U>(size);
+    const auto found = detail::nucleus_band(key.data(), weights.data(), size, high, low,
+                                            band_.data(), band_keys.data());
+    return resolve_band(key, weights, found, needed, high, low);
+  }
+
+  // Top-p alone at T = 1 on a long row of probabilities (screens_first_pass): the band is
+  // placed from the sample before any pass, as for a row that sums to 1 (a validated row
+  // does, within its tolerance), so that ONE pass takes the row's maximum, mass and screen
+  // (apply's first pass) together with the band (detail::nucleus_screened_band). .found is
+  // false when the band does not hold the end (a misleading sample, or a row whose mass is
+  // far from 1): the caller then searches again knowing the mass.
+  struct first_pass_nucleus {
+    detail::max_and_total<T> screen;
+    nucleus<T> kept;
+    bool found;
+  };
+  SPECDEC_NO_CONTRACT first_pass_nucleus nucleus_first_pass(std::span<const T> row) {
+    const std::size_t size = row.size();
+    const nucleus<T> none{T(0), 0, 0.0};
+    // Every probability is at most the mass: buckets counted down from the mass's code.
+    constexpr double assumed_total = 1.0;
+    T high{};
+    T low{};
+    if (!sampled_band(row, row, detail::magnitude_code(static_cast<T>(assumed_total)),
+                      assumed_total, high, low)) {
+      // Keys near the smallest positive number: no band; the first pass alone.
+      return {detail::nucleus_max_total(row.data(), size), none, false};
+    }
+    (void)reserve_band<T>(size);
+    const auto pass = detail::nucleus_screened_band(row.data(), size, high, low, band_.data());
+    const double total = pass.screen.total;
+    if (!(total > 0.0 && total <= std::numeric_limits<double>::max())) {
+      return {pass.screen, none, false};
+    }
+    const auto kept = resolve_band(row, row, pass.band, options_.top_p * total, high, low);
+    return {pass.screen, kept.first, kept.second};
+  }
+
+  // The band storage (room for every entry of a row of `size` and the vector builds' slack).
+  template <class U>
+  std::vector<U>& reserve_band(std::size_t size) {
+    if (band_.size() < size + detail::nucleus_band_slack) {
+      band_.resize(size + detail::nucleus_band_slack);
+    }
+    auto& band_keys = band_keys_<U>();
+    if (band_keys.size() < size + detail::nucleus_band_slack) {
+      band_keys.resize(size + detail::nucleus_band_slack);
+    }
+    return band_keys;
+  }
+
+  // Step 2 of find_nucleus_sampled: the band [low, high) from every stride-th entry, for a
+  // row of mass `total` (buckets counted down from `top_code`, the code of a key at least
+  // as large as most keys: larger ones count in the top bucket). False if the band would
+  // be empty (keys near the smallest positive number).
+  template <class U>
+  SPECDEC_NO_CONTRACT bool sampled_band(std::span<const U> key, std::span<const T> weights,
+                                        std::int64_t top_code, double total, U& high, U& low) {
+    const std::size_t size = key.size();
+    const double needed = options_.top_p * total;
     constexpr std::size_t buckets = detail::nucleus_buckets;
-    const std::int64_t top_code = detail::magnitude_code(top_key);
     // histogram_: the sampled weight per bucket, then the sampled squared weight.
     histogram_.assign(2 * buckets, 0.0);
     double* const sampled = histogram_.data();
@@ -760,22 +839,23 @@ class Standardizer {
       }
     }
     first = std::min(first, last);
-    const U high = detail::from_magnitude_code<U>(top_code - static_cast<std::int64_t>(first) + 1);
-    const U low =
-        std::max(last + 1 == buckets
-                     ? U(0)
-                     : detail::from_magnitude_code<U>(top_code - static_cast<std::int64_t>(last)),
-                 std::numeric_limits<U>::denorm_min());
-    if (!(low < high)) return {none, false};  // keys near the smallest positive number
-    if (band_.size() < size + detail::nucleus_band_slack) {
-      band_.resize(size + detail::nucleus_band_slack);
-    }
-    auto& band_keys = band_keys_<U>();
-    if (band_keys.size() < size + detail::nucleus_band_slack) {
-      band_keys.resize(size + detail::nucleus_band_slack);
-    }
-    const auto found = detail::nucleus_band(key.data(), weights.data(), size, high, low,
-                                            band_.data(), band_keys.data());
+    high = detail::from_magnitude_code<U>(top_code - static_cast<std::int64_t>(first) + 1);
+    low = std::max(last + 1 == buckets
+                       ? U(0)
+                       : detail::from_magnitude_code<U>(top_code - static_cast<std::int64_t>(last)),
+                   std::numeric_limits<U>::denorm_min());
+    return low < high;
+  }
+
+  // Steps 3-4 of find_nucleus_sampled once the band pass `found` ran: the nucleus if its
+  // end lies in the band.
+  template <class U>
+  SPECDEC_NO_CONTRACT std::pair<nucleus<U>, bool> resolve_band(std::span<const U> key,
+                                                               std::span<const T> weights,
+                                                               detail::nucleus_band_found found,
+                                                               double needed, U high, U low) {
+    using word = std::conditional_t<sizeof(U) == 8, std::uint64_t, std::uint32_t>;
+    const nucleus<U> none{U(0), 0, 0.0};
     if (!(found.head < needed)) return {none, false};
     // The band's histogram: buckets of equal width in the key bits (monotone in the key for
     // positive keys), the highest keys in the highest bucket.
@@ -788,12 +868,11 @@ class Standardizer {
     histogram_.assign(used, 0.0);
     double* const band_mass = histogram_.data();
     const std::uint32_t* const band = band_.data();
-    const U* const band_key = band_keys.data();
     // codes_: each band entry's bucket.
     codes_.resize(found.count);
     std::uint16_t* const code = codes_.data();
     for (std::size_t i = 0; i < found.count; ++i) {
-      code[i] = static_cast<std::uint16_t>((std::bit_cast<word>(band_key[i]) - low_bits) >> shift);
+      code[i] = static_cast<std::uint16_t>((std::bit_cast<word>(key[band[i]]) - low_bits) >> shift);
     }
     for (std::size_t i = 0; i < found.count; ++i) {
       band_mass[code[i]] += static_cast<double>(weights[band[i]]);

@@ -886,6 +886,238 @@ SPECDEC_TARGET_AVX512 inline max_and_total<float> nucleus_max_total_avx512(
 }
 #endif
 
+/// Top-p's band pass at T = 1 with apply's first pass fused into it (the keys are the
+/// weights), in one read of the row: the row's maximum and sign screen (nucleus_max_total's),
+/// nucleus_band's head (bitwise) and band ids (its keys are not listed: key[id] gives them),
+/// and the row's positive mass as head + rest, rest the mass of the positive keys below
+/// `high`, each summed in nucleus_lanes double lanes (entry j in lane j % nucleus_lanes)
+/// combined pairwise: each entry is converted to double once, into one of the two sums.
+template <class T>
+struct screened_band_found {
+  max_and_total<T> screen;
+  nucleus_band_found band;
+};
+
+/// The vector builds' end: the entries from j on, then the lanes combined.
+template <std::size_t Lanes>
+[[nodiscard]] SPECDEC_KERNEL_INLINE screened_band_found<float> screened_band_finish(
+    const float (&top)[Lanes], bool signs_passed, nucleus_lane_array& head,
+    nucleus_lane_array& rest, const float* row, std::size_t j, std::size_t size, float high,
+    float low, std::uint32_t* band, std::size_t count) noexcept {
+  float maximum = top[0];
+  for (const float value : top) maximum = maximum < value ? value : maximum;
+  for (std::size_t k = 0; j + k < size; ++k) {
+    const float value = row[j + k];
+    maximum = maximum < value ? value : maximum;
+    signs_passed = signs_passed && value >= 0.0F;
+    head[k] += value >= high ? static_cast<double>(value) : 0.0;
+    rest[k] += (value > 0.0F && value < high) ? static_cast<double>(value) : 0.0;
+    band[count] = static_cast<std::uint32_t>(j + k);
+    count += ((value >= low) & (value < high)) ? std::size_t{1} : std::size_t{0};
+  }
+  for (std::size_t width = nucleus_lanes / 2; width != 0; width /= 2) {
+    for (std::size_t k = 0; k < width; ++k) {
+      head[k] += head[k + width];
+      rest[k] += rest[k + width];
+    }
+  }
+  return {{maximum, head[0] + rest[0], signs_passed}, {head[0], count}};
+}
+
+/// The portable loops (any scalar type; float rows on x86-64 take the SSE2 build).
+template <class T>
+[[nodiscard]] SPECDEC_PORTABLE_KERNEL inline screened_band_found<T> nucleus_screened_band_loops(
+    const T* row, std::size_t size, T high, T low, std::uint32_t* band) noexcept {
+  nucleus_lane_array head{};
+  nucleus_lane_array rest{};
+  bool signs_passed = true;
+  const T maximum = span_max<true>(row, size, signs_passed);
+  std::size_t count = 0;
+  std::size_t j = 0;
+  for (; j < size; j += nucleus_lanes) {
+    const std::size_t width = std::min(nucleus_lanes, size - j);
+    for (std::size_t k = 0; k < width; ++k) {
+      const T value = row[j + k];
+      head[k] += value >= high ? static_cast<double>(value) : 0.0;
+      rest[k] += (value > T(0) && value < high) ? static_cast<double>(value) : 0.0;
+      band[count] = static_cast<std::uint32_t>(j + k);
+      count += ((value >= low) & (value < high)) ? std::size_t{1} : std::size_t{0};
+    }
+  }
+  for (std::size_t width = nucleus_lanes / 2; width != 0; width /= 2) {
+    for (std::size_t k = 0; k < width; ++k) {
+      head[k] += head[k + width];
+      rest[k] += rest[k + width];
+    }
+  }
+  return {{maximum, head[0] + rest[0], signs_passed}, {head[0], count}};
+}
+
+#if defined(__SSE2__)
+SPECDEC_PORTABLE_KERNEL inline screened_band_found<float> nucleus_screened_band_sse2(
+    const float* row, std::size_t size, float high, float low, std::uint32_t* band) noexcept {
+  constexpr std::size_t packs = nucleus_lanes / 2;
+  __m128d head[packs];
+  __m128d rest[packs];
+  for (auto& pack : head) pack = _mm_setzero_pd();
+  for (auto& pack : rest) pack = _mm_setzero_pd();
+  __m128 best = _mm_set1_ps(-std::numeric_limits<float>::infinity());
+  __m128 bad = _mm_setzero_ps();
+  const __m128 zero = _mm_setzero_ps();
+  const __m128 top = _mm_set1_ps(high);
+  const __m128 bottom = _mm_set1_ps(low);
+  std::size_t count = 0;
+  std::size_t j = 0;
+  for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
+    std::uint32_t in_band = 0;
+    for (std::size_t h = 0; h < packs / 2; ++h) {
+      const __m128 w = _mm_loadu_ps(row + j + 4 * h);
+      best = _mm_max_ps(w, best);  // a NaN lane of w keeps best
+      bad = _mm_or_ps(bad, _mm_cmpnge_ps(w, zero));
+      const __m128 below_top = _mm_cmplt_ps(w, top);
+      // Adding +0 leaves a lane as it was: an entry counts in one sum only.
+      const __m128 above = _mm_and_ps(w, _mm_cmpge_ps(w, top));
+      const __m128 under = _mm_and_ps(w, _mm_and_ps(below_top, _mm_cmpgt_ps(w, zero)));
+      head[2 * h] = _mm_add_pd(head[2 * h], _mm_cvtps_pd(above));
+      head[2 * h + 1] = _mm_add_pd(head[2 * h + 1], _mm_cvtps_pd(_mm_movehl_ps(above, above)));
+      rest[2 * h] = _mm_add_pd(rest[2 * h], _mm_cvtps_pd(under));
+      rest[2 * h + 1] = _mm_add_pd(rest[2 * h + 1], _mm_cvtps_pd(_mm_movehl_ps(under, under)));
+      const __m128 inside = _mm_and_ps(_mm_cmpge_ps(w, bottom), below_top);
+      in_band |= static_cast<std::uint32_t>(_mm_movemask_ps(inside)) << (4 * h);
+    }
+    while (in_band != 0) {
+      band[count++] =
+          static_cast<std::uint32_t>(j + static_cast<unsigned>(std::countr_zero(in_band)));
+      in_band &= in_band - 1;
+    }
+  }
+  nucleus_lane_array head_lanes;
+  nucleus_lane_array rest_lanes;
+  for (std::size_t q = 0; q < packs; ++q) {
+    _mm_storeu_pd(head_lanes.data() + 2 * q, head[q]);
+    _mm_storeu_pd(rest_lanes.data() + 2 * q, rest[q]);
+  }
+  alignas(16) float maxima[4];
+  _mm_store_ps(maxima, best);
+  return screened_band_finish(maxima, _mm_movemask_ps(bad) == 0, head_lanes, rest_lanes, row, j,
+                              size, high, low, band, count);
+}
+#endif
+
+#if SPECDEC_DISPATCH_AVX2
+SPECDEC_TARGET_AVX2 inline screened_band_found<float> nucleus_screened_band_avx2(
+    const float* row, std::size_t size, float high, float low, std::uint32_t* band) noexcept {
+  constexpr std::size_t packs = nucleus_lanes / 4;
+  __m256d head[packs];
+  __m256d rest[packs];
+  for (auto& pack : head) pack = _mm256_setzero_pd();
+  for (auto& pack : rest) pack = _mm256_setzero_pd();
+  __m256 best = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  __m256 bad = _mm256_setzero_ps();
+  const __m256 zero = _mm256_setzero_ps();
+  const __m256 top = _mm256_set1_ps(high);
+  const __m256 bottom = _mm256_set1_ps(low);
+  __m256i ids = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i step = _mm256_set1_epi32(8);
+  std::size_t count = 0;
+  std::size_t j = 0;
+  for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
+    for (std::size_t h = 0; h < packs / 2; ++h) {
+      const __m256 w = _mm256_loadu_ps(row + j + 8 * h);
+      best = _mm256_max_ps(w, best);
+      bad = _mm256_or_ps(bad, _mm256_cmp_ps(w, zero, _CMP_NGE_UQ));
+      const __m256 above = _mm256_and_ps(w, _mm256_cmp_ps(w, top, _CMP_GE_OQ));
+      const __m256 below_top = _mm256_cmp_ps(w, top, _CMP_LT_OQ);
+      const __m256 under =
+          _mm256_and_ps(w, _mm256_and_ps(below_top, _mm256_cmp_ps(w, zero, _CMP_GT_OQ)));
+      head[2 * h] = _mm256_add_pd(head[2 * h], _mm256_cvtps_pd(_mm256_castps256_ps128(above)));
+      head[2 * h + 1] =
+          _mm256_add_pd(head[2 * h + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(above, 1)));
+      rest[2 * h] = _mm256_add_pd(rest[2 * h], _mm256_cvtps_pd(_mm256_castps256_ps128(under)));
+      rest[2 * h + 1] =
+          _mm256_add_pd(rest[2 * h + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(under, 1)));
+      const __m256 inside = _mm256_and_ps(_mm256_cmp_ps(w, bottom, _CMP_GE_OQ), below_top);
+      const auto mask = static_cast<unsigned>(_mm256_movemask_ps(inside));
+      const __m256i order =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pack_front.lanes[mask]));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(band + count),
+                          _mm256_permutevar8x32_epi32(ids, order));
+      count += static_cast<std::size_t>(std::popcount(mask));
+      ids = _mm256_add_epi32(ids, step);
+    }
+  }
+  nucleus_lane_array head_lanes;
+  nucleus_lane_array rest_lanes;
+  for (std::size_t q = 0; q < packs; ++q) {
+    _mm256_storeu_pd(head_lanes.data() + 4 * q, head[q]);
+    _mm256_storeu_pd(rest_lanes.data() + 4 * q, rest[q]);
+  }
+  alignas(32) float maxima[8];
+  _mm256_store_ps(maxima, best);
+  return screened_band_finish(maxima, _mm256_movemask_ps(bad) == 0, head_lanes, rest_lanes, row, j,
+                              size, high, low, band, count);
+}
+#endif
+
+#if SPECDEC_DISPATCH_AVX512
+SPECDEC_TARGET_AVX512 inline screened_band_found<float> nucleus_screened_band_avx512(
+    const float* row, std::size_t size, float high, float low, std::uint32_t* band) noexcept {
+  constexpr std::size_t packs = nucleus_lanes / 8;
+  __m512d head[packs];
+  __m512d rest[packs];
+  for (auto& pack : head) pack = _mm512_setzero_pd();
+  for (auto& pack : rest) pack = _mm512_setzero_pd();
+  __m512 best = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  __mmask16 bad = 0;
+  const __m512 zero = _mm512_setzero_ps();
+  const __m512 top = _mm512_set1_ps(high);
+  const __m512 bottom = _mm512_set1_ps(low);
+  __m512i ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(16);
+  std::size_t count = 0;
+  std::size_t j = 0;
+  for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
+    for (std::size_t h = 0; h < packs / 2; ++h) {
+      const float* const from = row + j + 16 * h;
+      const __m512 w = _mm512_loadu_ps(from);
+      bad = static_cast<__mmask16>(bad | _mm512_cmp_ps_mask(w, zero, _CMP_NGE_UQ));
+      // A NaN lane of w keeps best (the zero-masked form: see nucleus_max_total_avx512).
+      best = _mm512_maskz_max_ps(static_cast<__mmask16>(0xFFFFU), w, best);
+      const __mmask16 above = _mm512_cmp_ps_mask(w, top, _CMP_GE_OQ);
+      const __mmask16 below_top = _mm512_cmp_ps_mask(w, top, _CMP_LT_OQ);
+      const __mmask16 under = _mm512_mask_cmp_ps_mask(below_top, w, zero, _CMP_GT_OQ);
+      // Each entry converted once, added into one of the two sums.
+      // (Zero-masked forms with every lane on: GCC 12 warns about the unmasked ones.)
+      const auto all = static_cast<__mmask8>(0xFFU);
+      const __m512d lower = _mm512_maskz_cvtps_pd(all, _mm256_loadu_ps(from));
+      const __m512d upper = _mm512_maskz_cvtps_pd(all, _mm256_loadu_ps(from + 8));
+      head[2 * h] =
+          _mm512_mask_add_pd(head[2 * h], static_cast<__mmask8>(above), head[2 * h], lower);
+      head[2 * h + 1] = _mm512_mask_add_pd(head[2 * h + 1], static_cast<__mmask8>(above >> 8U),
+                                           head[2 * h + 1], upper);
+      rest[2 * h] =
+          _mm512_mask_add_pd(rest[2 * h], static_cast<__mmask8>(under), rest[2 * h], lower);
+      rest[2 * h + 1] = _mm512_mask_add_pd(rest[2 * h + 1], static_cast<__mmask8>(under >> 8U),
+                                           rest[2 * h + 1], upper);
+      const __mmask16 inside = _mm512_mask_cmp_ps_mask(below_top, w, bottom, _CMP_GE_OQ);
+      _mm512_storeu_si512(band + count, _mm512_maskz_compress_epi32(inside, ids));
+      count += static_cast<std::size_t>(std::popcount(static_cast<unsigned>(inside)));
+      ids = _mm512_add_epi32(ids, step);
+    }
+  }
+  nucleus_lane_array head_lanes;
+  nucleus_lane_array rest_lanes;
+  for (std::size_t q = 0; q < packs; ++q) {
+    _mm512_storeu_pd(head_lanes.data() + 8 * q, head[q]);
+    _mm512_storeu_pd(rest_lanes.data() + 8 * q, rest[q]);
+  }
+  alignas(64) float maxima[16];
+  _mm512_store_ps(maxima, best);
+  return screened_band_finish(maxima, bad == 0, head_lanes, rest_lanes, row, j, size, high, low,
+                              band, count);
+}
+#endif
+
 /// nucleus_band on the active kernel path (the same results on every path).
 template <class U, class T>
 [[nodiscard]] inline nucleus_band_found nucleus_band(const U* key, const T* weights,
@@ -940,6 +1172,26 @@ template <class T>
   } else {
     return nucleus_total_portable(weights, size);
   }
+}
+
+/// screened_band_found of a row of probabilities on the active kernel path: bitwise the
+/// same on every path. `band` has room for every entry of the row and nucleus_band_slack more.
+template <class T>
+[[nodiscard]] inline screened_band_found<T> nucleus_screened_band(const T* row, std::size_t size,
+                                                                  T high, T low,
+                                                                  std::uint32_t* band) noexcept {
+  if constexpr (std::is_same_v<T, float>) {
+#if SPECDEC_DISPATCH_AVX512
+    if (use_avx512()) return nucleus_screened_band_avx512(row, size, high, low, band);
+#endif
+#if SPECDEC_DISPATCH_AVX2
+    if (use_avx2()) return nucleus_screened_band_avx2(row, size, high, low, band);
+#endif
+#if defined(__SSE2__)
+    return nucleus_screened_band_sse2(row, size, high, low, band);
+#endif
+  }
+  return nucleus_screened_band_loops(row, size, high, low, band);
 }
 
 /// The smallest positive T whose magnitude_code is `code` (0 for codes <= 0).
