@@ -459,6 +459,37 @@ TEMPLATE_TEST_CASE("Standardizer: top-p falls back to the full histogram when th
   }
 }
 
+TEMPLATE_TEST_CASE("Standardizer: top-p at T = 1 on long rows whose mass is far from 1",
+                   "[sampling]", float, double) {
+  // At T = 1 the sample places the band before any pass, as for a row of mass 1 (a
+  // validated row's), so that the row's maximum, mass and screen come from the band's pass.
+  // Rows of mass 1e-3 or 1e3 (unvalidated rows of weights) put the end of the nucleus far
+  // from that band: the search must run again knowing the mass, find the band from the
+  // sample then (no full histogram: nucleus_fallbacks() stays 0), and keep the shortest
+  // prefix; the screen reports the row's own mass. A first pass that gave up on such rows
+  // instead of searching again fails the prefix check.
+  using T = TestType;
+  specdec::xoshiro256pp g(4127);
+  specdec::Standardizer<T> standardizer({.top_p = 0.9});
+  for (int trial = 0; trial < 12; ++trial) {
+    const std::size_t size = 4096 + specdec::uniform_below(g, 60000);
+    std::vector<T> row(size);
+    for (auto& x : row) x = static_cast<T>(std::exp(2.5 * specdec::testing::standard_normal(g)));
+    const double mass = trial % 2 == 0 ? 1e-3 : 1e3;
+    double total = 0.0;
+    for (const T x : row) total += static_cast<double>(x);
+    for (auto& x : row) x = static_cast<T>(static_cast<double>(x) * mass / total);
+    std::vector<T> out(size);
+    specdec::detail::first_pass_screen screen;
+    standardizer.apply(std::span<const T>(row), std::span<T>(out), &screen);
+    INFO("trial " << trial << ", V = " << size << ", mass " << mass);
+    check_shortest_prefix(row, out, 0.9);
+    CHECK(screen.signs_passed);
+    CHECK(screen.total == Catch::Approx(mass).epsilon(1e-6));
+  }
+  CHECK(standardizer.nucleus_fallbacks() == 0);
+}
+
 /// apply_sparse on `row` gives exactly the non-zero entries apply() writes for `dense_row`
 /// (the same row, or its valid twin): the same ids in increasing order, bitwise the same
 /// weights and top probability.
