@@ -146,7 +146,6 @@ class Standardizer {
       codes_.reserve(vocab_size);
       if (vocab_size >= nucleus_sampled_from) {
         band_.reserve(vocab_size + detail::nucleus_band_slack);
-        band_keys_<T>().reserve(vocab_size + detail::nucleus_band_slack);
       }
     }
     if (sparse_for(vocab_size)) {
@@ -736,9 +735,9 @@ class Standardizer {
     if (!sampled_band(key, weights, detail::magnitude_code(top_key), total, high, low)) {
       return {none, false};
     }
-    auto& band_keys = reserve_band<U>(size);
-    const auto found = detail::nucleus_band(key.data(), weights.data(), size, high, low,
-                                            band_.data(), band_keys.data());
+    reserve_band(size);
+    const auto found =
+        detail::nucleus_band(key.data(), weights.data(), size, high, low, band_.data());
     return resolve_band(key, weights, found, needed, high, low);
   }
 
@@ -765,7 +764,7 @@ class Standardizer {
       // Keys near the smallest positive number: no band; the first pass alone.
       return {detail::nucleus_max_total(row.data(), size), none, false};
     }
-    (void)reserve_band<T>(size);
+    reserve_band(size);
     const auto pass = detail::nucleus_screened_band(row.data(), size, high, low, band_.data());
     const double total = pass.screen.total;
     if (!(total > 0.0 && total <= std::numeric_limits<double>::max())) {
@@ -776,16 +775,10 @@ class Standardizer {
   }
 
   // The band storage (room for every entry of a row of `size` and the vector builds' slack).
-  template <class U>
-  std::vector<U>& reserve_band(std::size_t size) {
+  void reserve_band(std::size_t size) {
     if (band_.size() < size + detail::nucleus_band_slack) {
       band_.resize(size + detail::nucleus_band_slack);
     }
-    auto& band_keys = band_keys_<U>();
-    if (band_keys.size() < size + detail::nucleus_band_slack) {
-      band_keys.resize(size + detail::nucleus_band_slack);
-    }
-    return band_keys;
   }
 
   // Step 2 of find_nucleus_sampled: the band [low, high) from every stride-th entry, for a
@@ -944,16 +937,6 @@ class Standardizer {
   std::vector<std::uint16_t> codes_;      // find_nucleus: the bucket of every entry
   std::size_t nucleus_fallbacks_ = 0;     // rows find_nucleus_sampled did not place
   std::vector<std::uint32_t> band_;       // find_nucleus_sampled: the band's ids
-  std::vector<float> band_float_keys_;    // and their keys (float or double keys)
-  std::vector<double> band_double_keys_;
-  template <class U>
-  std::vector<U>& band_keys_() noexcept {
-    if constexpr (std::is_same_v<U, float>) {
-      return band_float_keys_;
-    } else {
-      return band_double_keys_;
-    }
-  }
 };
 
 /// Convenience: the standardized copy of one row (allocates; use a Standardizer in loops).

@@ -555,12 +555,11 @@ template <class T>
 template <class U, class T>
 [[nodiscard]] SPECDEC_KERNEL_INLINE nucleus_band_found nucleus_band_finish(
     nucleus_lane_array& lanes, const U* key, const T* weights, std::size_t j, std::size_t size,
-    U high, U low, std::uint32_t* band, U* band_keys, std::size_t count) noexcept {
+    U high, U low, std::uint32_t* band, std::size_t count) noexcept {
   for (std::size_t k = 0; j + k < size; ++k) {
     const U value = key[j + k];
     lanes[k] += value >= high ? static_cast<double>(weights[j + k]) : 0.0;
     band[count] = static_cast<std::uint32_t>(j + k);
-    band_keys[count] = value;
     count += ((value >= low) & (value < high)) ? std::size_t{1} : std::size_t{0};
   }
   for (std::size_t width = nucleus_lanes / 2; width != 0; width /= 2) {
@@ -570,15 +569,10 @@ template <class U, class T>
 }
 
 /// Lists j + (the set bits of `mask`) in increasing order.
-template <class U>
-SPECDEC_KERNEL_INLINE void list_mask_bits(std::uint32_t mask, std::size_t j, const U* key,
-                                          std::uint32_t* band, U* band_keys,
+SPECDEC_KERNEL_INLINE void list_mask_bits(std::uint32_t mask, std::size_t j, std::uint32_t* band,
                                           std::size_t& count) noexcept {
   while (mask != 0) {
-    const std::size_t id = j + static_cast<unsigned>(std::countr_zero(mask));
-    band[count] = static_cast<std::uint32_t>(id);
-    band_keys[count] = key[id];
-    ++count;
+    band[count++] = static_cast<std::uint32_t>(j + static_cast<unsigned>(std::countr_zero(mask)));
     mask &= mask - 1;
   }
 }
@@ -589,8 +583,8 @@ SPECDEC_KERNEL_INLINE void list_mask_bits(std::uint32_t mask, std::size_t j, con
 template <bool KeyIsWeight>
 SPECDEC_PORTABLE_KERNEL nucleus_band_found nucleus_band_sse2(const float* key, const float* weights,
                                                              std::size_t size, float high,
-                                                             float low, std::uint32_t* band,
-                                                             float* band_keys) noexcept {
+                                                             float low,
+                                                             std::uint32_t* band) noexcept {
   constexpr std::size_t packs = nucleus_lanes / 2;
   __m128d sum[packs];
   for (auto& pack : sum) pack = _mm_setzero_pd();
@@ -609,11 +603,11 @@ SPECDEC_PORTABLE_KERNEL nucleus_band_found nucleus_band_sse2(const float* key, c
       const __m128 inside = _mm_and_ps(_mm_cmpge_ps(k, bottom), _mm_cmplt_ps(k, top));
       in_band |= static_cast<std::uint32_t>(_mm_movemask_ps(inside)) << (4 * h);
     }
-    list_mask_bits(in_band, j, key, band, band_keys, count);
+    list_mask_bits(in_band, j, band, count);
   }
   nucleus_lane_array lanes;
   for (std::size_t q = 0; q < packs; ++q) _mm_storeu_pd(lanes.data() + 2 * q, sum[q]);
-  return nucleus_band_finish(lanes, key, weights, j, size, high, low, band, band_keys, count);
+  return nucleus_band_finish(lanes, key, weights, j, size, high, low, band, count);
 }
 #endif
 
@@ -633,17 +627,16 @@ template <class T>
 }
 
 /// head = the sum of weights[j] over the keys >= high; band = the ids j with
-/// low <= key[j] < high, in increasing order, band_keys = their keys (each with room for
-/// every entry of the row and nucleus_band_slack more: the vector builds store whole packs).
+/// low <= key[j] < high, in increasing order (room for every entry of the row and
+/// nucleus_band_slack more: the vector builds store whole packs).
 template <class U, class T>
 [[nodiscard]] SPECDEC_PORTABLE_KERNEL inline nucleus_band_found nucleus_band_portable(
-    const U* key, const T* weights, std::size_t size, U high, U low, std::uint32_t* band,
-    U* band_keys) noexcept {
+    const U* key, const T* weights, std::size_t size, U high, U low, std::uint32_t* band) noexcept {
 #if defined(__SSE2__)
   if constexpr (std::is_same_v<U, float> && std::is_same_v<T, float>) {
     return static_cast<const void*>(key) == static_cast<const void*>(weights)
-               ? nucleus_band_sse2<true>(key, weights, size, high, low, band, band_keys)
-               : nucleus_band_sse2<false>(key, weights, size, high, low, band, band_keys);
+               ? nucleus_band_sse2<true>(key, weights, size, high, low, band)
+               : nucleus_band_sse2<false>(key, weights, size, high, low, band);
   }
 #endif
   nucleus_lane_array lanes{};
@@ -660,11 +653,10 @@ template <class U, class T>
     for (std::size_t k = 0; k < nucleus_lanes; ++k) {
       const U value = key[j + k];
       band[count] = static_cast<std::uint32_t>(j + k);
-      band_keys[count] = value;
       count += ((value >= low) & (value < high)) ? std::size_t{1} : std::size_t{0};
     }
   }
-  return nucleus_band_finish(lanes, key, weights, j, size, high, low, band, band_keys, count);
+  return nucleus_band_finish(lanes, key, weights, j, size, high, low, band, count);
 }
 
 #if SPECDEC_DISPATCH_AVX2
@@ -686,8 +678,7 @@ inline constexpr pack_front_table pack_front{};
 template <bool KeyIsWeight>
 SPECDEC_TARGET_AVX2 nucleus_band_found nucleus_band_avx2(const float* key, const float* weights,
                                                          std::size_t size, float high, float low,
-                                                         std::uint32_t* band,
-                                                         float* band_keys) noexcept {
+                                                         std::uint32_t* band) noexcept {
   constexpr std::size_t packs = nucleus_lanes / 4;
   __m256d sum[packs];
   for (auto& pack : sum) pack = _mm256_setzero_pd();
@@ -713,14 +704,13 @@ SPECDEC_TARGET_AVX2 nucleus_band_found nucleus_band_avx2(const float* key, const
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pack_front.lanes[mask]));
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(band + count),
                           _mm256_permutevar8x32_epi32(ids, order));
-      _mm256_storeu_ps(band_keys + count, _mm256_permutevar8x32_ps(k, order));
       count += static_cast<std::size_t>(std::popcount(mask));
       ids = _mm256_add_epi32(ids, step);
     }
   }
   nucleus_lane_array lanes;
   for (std::size_t q = 0; q < packs; ++q) _mm256_storeu_pd(lanes.data() + 4 * q, sum[q]);
-  return nucleus_band_finish(lanes, key, weights, j, size, high, low, band, band_keys, count);
+  return nucleus_band_finish(lanes, key, weights, j, size, high, low, band, count);
 }
 #endif
 
@@ -728,8 +718,8 @@ SPECDEC_TARGET_AVX2 nucleus_band_found nucleus_band_avx2(const float* key, const
 template <bool KeyIsWeight>
 SPECDEC_TARGET_AVX512 nucleus_band_found nucleus_band_avx512(const float* key, const float* weights,
                                                              std::size_t size, float high,
-                                                             float low, std::uint32_t* band,
-                                                             float* band_keys) noexcept {
+                                                             float low,
+                                                             std::uint32_t* band) noexcept {
   constexpr std::size_t packs = nucleus_lanes / 8;
   __m512d sum[packs];
   for (auto& pack : sum) pack = _mm512_setzero_pd();
@@ -753,14 +743,13 @@ SPECDEC_TARGET_AVX512 nucleus_band_found nucleus_band_avx512(const float* key, c
           _mm512_mask_cmp_ps_mask(_mm512_cmp_ps_mask(k, bottom, _CMP_GE_OQ), k, top, _CMP_LT_OQ);
       // The band's ids packed to the front, all 16 lanes stored (the band has room).
       _mm512_storeu_si512(band + count, _mm512_maskz_compress_epi32(inside, ids));
-      _mm512_storeu_ps(band_keys + count, _mm512_maskz_compress_ps(inside, k));
       count += static_cast<std::size_t>(std::popcount(static_cast<unsigned>(inside)));
       ids = _mm512_add_epi32(ids, step);
     }
   }
   nucleus_lane_array lanes;
   for (std::size_t q = 0; q < packs; ++q) _mm512_storeu_pd(lanes.data() + 8 * q, sum[q]);
-  return nucleus_band_finish(lanes, key, weights, j, size, high, low, band, band_keys, count);
+  return nucleus_band_finish(lanes, key, weights, j, size, high, low, band, count);
 }
 #endif
 
@@ -888,7 +877,7 @@ SPECDEC_TARGET_AVX512 inline max_and_total<float> nucleus_max_total_avx512(
 
 /// Top-p's band pass at T = 1 with apply's first pass fused into it (the keys are the
 /// weights), in one read of the row: the row's maximum and sign screen (nucleus_max_total's),
-/// nucleus_band's head (bitwise) and band ids (its keys are not listed: key[id] gives them),
+/// nucleus_band's head and band (bitwise),
 /// and the row's positive mass as head + rest, rest the mass of the positive keys below
 /// `high`, each summed in nucleus_lanes double lanes (entry j in lane j % nucleus_lanes)
 /// combined pairwise: each entry is converted to double once, into one of the two sums.
@@ -985,11 +974,7 @@ SPECDEC_PORTABLE_KERNEL inline screened_band_found<float> nucleus_screened_band_
       const __m128 inside = _mm_and_ps(_mm_cmpge_ps(w, bottom), below_top);
       in_band |= static_cast<std::uint32_t>(_mm_movemask_ps(inside)) << (4 * h);
     }
-    while (in_band != 0) {
-      band[count++] =
-          static_cast<std::uint32_t>(j + static_cast<unsigned>(std::countr_zero(in_band)));
-      in_band &= in_band - 1;
-    }
+    list_mask_bits(in_band, j, band, count);
   }
   nucleus_lane_array head_lanes;
   nucleus_lane_array rest_lanes;
@@ -1122,24 +1107,24 @@ SPECDEC_TARGET_AVX512 inline screened_band_found<float> nucleus_screened_band_av
 template <class U, class T>
 [[nodiscard]] inline nucleus_band_found nucleus_band(const U* key, const T* weights,
                                                      std::size_t size, U high, U low,
-                                                     std::uint32_t* band, U* band_keys) noexcept {
+                                                     std::uint32_t* band) noexcept {
   if constexpr (std::is_same_v<U, float> && std::is_same_v<T, float>) {
     const bool same = static_cast<const void*>(key) == static_cast<const void*>(weights);
 #if SPECDEC_DISPATCH_AVX512
     if (use_avx512()) {
-      return same ? nucleus_band_avx512<true>(key, weights, size, high, low, band, band_keys)
-                  : nucleus_band_avx512<false>(key, weights, size, high, low, band, band_keys);
+      return same ? nucleus_band_avx512<true>(key, weights, size, high, low, band)
+                  : nucleus_band_avx512<false>(key, weights, size, high, low, band);
     }
 #endif
 #if SPECDEC_DISPATCH_AVX2
     if (use_avx2()) {
-      return same ? nucleus_band_avx2<true>(key, weights, size, high, low, band, band_keys)
-                  : nucleus_band_avx2<false>(key, weights, size, high, low, band, band_keys);
+      return same ? nucleus_band_avx2<true>(key, weights, size, high, low, band)
+                  : nucleus_band_avx2<false>(key, weights, size, high, low, band);
     }
 #endif
     static_cast<void>(same);
   }
-  return nucleus_band_portable(key, weights, size, high, low, band, band_keys);
+  return nucleus_band_portable(key, weights, size, high, low, band);
 }
 
 /// max_and_total of a row on the active kernel path: float rows in one pass, others in two
