@@ -196,7 +196,7 @@ class Standardizer {
         if (maximum == -std::numeric_limits<U>::infinity()) {  // max_entry's NaN-row rule
           maximum = detail::max_entry(probabilities.data(), size);
         }
-        if (maximum > U(0) && first.found && first.kept.mass > 0.0) {
+        if (first.found) {  // a positive mass: the maximum and the kept mass are positive
           detail::nucleus_keep(probabilities.data(), probabilities.data(), out.data(), size,
                                first.kept.last_key, first.kept.last,
                                static_cast<T>(1.0 / first.kept.mass));

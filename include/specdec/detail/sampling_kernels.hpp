@@ -877,31 +877,34 @@ SPECDEC_TARGET_AVX512 inline max_and_total<float> nucleus_max_total_avx512(
 
 /// Top-p's band pass at T = 1 with apply's first pass fused into it (the keys are the
 /// weights), in one read of the row: the row's maximum and sign screen (nucleus_max_total's),
-/// nucleus_band's head and band (bitwise),
-/// and the row's positive mass as head + rest, rest the mass of the positive keys below
-/// `high`, each summed in nucleus_lanes double lanes (entry j in lane j % nucleus_lanes)
-/// combined pairwise: each entry is converted to double once, into one of the two sums.
+/// nucleus_band's head and band (bitwise), and the row's positive mass as head + rest, rest
+/// the mass of the positive keys below `high`, each summed in nucleus_lanes double lanes
+/// (entry j in lane j % nucleus_lanes) combined pairwise: each entry is converted to double
+/// once, into one of the two sums.
 template <class T>
 struct screened_band_found {
   max_and_total<T> screen;
   nucleus_band_found band;
 };
 
-/// The vector builds' end: the entries from j on, then the lanes combined.
-template <std::size_t Lanes>
-[[nodiscard]] SPECDEC_KERNEL_INLINE screened_band_found<float> screened_band_finish(
-    const float (&top)[Lanes], bool signs_passed, nucleus_lane_array& head,
-    nucleus_lane_array& rest, const float* row, std::size_t j, std::size_t size, float high,
-    float low, std::uint32_t* band, std::size_t count) noexcept {
-  float maximum = top[0];
-  for (const float value : top) maximum = maximum < value ? value : maximum;
-  for (std::size_t k = 0; j + k < size; ++k) {
-    const float value = row[j + k];
-    maximum = maximum < value ? value : maximum;
-    signs_passed = signs_passed && value >= 0.0F;
-    head[k] += value >= high ? static_cast<double>(value) : 0.0;
-    rest[k] += (value > 0.0F && value < high) ? static_cast<double>(value) : 0.0;
-    band[count] = static_cast<std::uint32_t>(j + k);
+/// Folds the packs' maxima `top`, adds the entries from j on (j a multiple of
+/// nucleus_lanes: the vector builds' end, or the whole row from 0 for the portable loops),
+/// then combines the lanes.
+template <class T, std::size_t Lanes>
+[[nodiscard]] SPECDEC_KERNEL_INLINE screened_band_found<T> screened_band_finish(
+    const T (&top)[Lanes], bool signs_passed, nucleus_lane_array& head, nucleus_lane_array& rest,
+    const T* row, std::size_t j, std::size_t size, T high, T low, std::uint32_t* band,
+    std::size_t count) noexcept {
+  T maximum = top[0];
+  for (const T value : top) maximum = maximum < value ? value : maximum;
+  for (std::size_t i = j; i < size; ++i) {
+    const T value = row[i];
+    const std::size_t lane = i % nucleus_lanes;
+    maximum = maximum < value ? value : maximum;  // a NaN entry keeps the maximum
+    signs_passed = signs_passed && value >= T(0);
+    head[lane] += value >= high ? static_cast<double>(value) : 0.0;
+    rest[lane] += (value > T(0) && value < high) ? static_cast<double>(value) : 0.0;
+    band[count] = static_cast<std::uint32_t>(i);
     count += ((value >= low) & (value < high)) ? std::size_t{1} : std::size_t{0};
   }
   for (std::size_t width = nucleus_lanes / 2; width != 0; width /= 2) {
@@ -919,27 +922,8 @@ template <class T>
     const T* row, std::size_t size, T high, T low, std::uint32_t* band) noexcept {
   nucleus_lane_array head{};
   nucleus_lane_array rest{};
-  bool signs_passed = true;
-  const T maximum = span_max<true>(row, size, signs_passed);
-  std::size_t count = 0;
-  std::size_t j = 0;
-  for (; j < size; j += nucleus_lanes) {
-    const std::size_t width = std::min(nucleus_lanes, size - j);
-    for (std::size_t k = 0; k < width; ++k) {
-      const T value = row[j + k];
-      head[k] += value >= high ? static_cast<double>(value) : 0.0;
-      rest[k] += (value > T(0) && value < high) ? static_cast<double>(value) : 0.0;
-      band[count] = static_cast<std::uint32_t>(j + k);
-      count += ((value >= low) & (value < high)) ? std::size_t{1} : std::size_t{0};
-    }
-  }
-  for (std::size_t width = nucleus_lanes / 2; width != 0; width /= 2) {
-    for (std::size_t k = 0; k < width; ++k) {
-      head[k] += head[k + width];
-      rest[k] += rest[k + width];
-    }
-  }
-  return {{maximum, head[0] + rest[0], signs_passed}, {head[0], count}};
+  const T none[1] = {-std::numeric_limits<T>::infinity()};
+  return screened_band_finish(none, true, head, rest, row, 0, size, high, low, band, 0);
 }
 
 #if defined(__SSE2__)
