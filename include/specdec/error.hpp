@@ -14,29 +14,38 @@ namespace specdec {
 
 /// What kind of problem an `error` reports. Stable numbering: the values may be logged.
 enum class errc : int {
-  invalid_size = 1,      ///< a row, matrix or buffer has the wrong length or count
-  invalid_token = 2,     ///< a token id outside [0, vocab_size)
+  invalid_size = 1,         ///< a row, matrix or buffer has the wrong length or count
+  invalid_token = 2,        ///< a token id outside [0, vocab_size)
   invalid_probability = 3,  ///< a NaN, infinite or negative entry
-  zero_mass = 4,         ///< a row whose entries sum to zero
-  not_normalized = 5,    ///< a row whose sum is off 1 by more than the tolerance
-  vocab_mismatch = 6,    ///< target and draft disagree on the vocabulary size
-  domain = 7,            ///< a math argument outside its domain (alpha, c, gamma, lenience)
-  invalid_option = 8,    ///< a configuration value outside its documented range
-  model_failure = 9,     ///< a user model threw from inside a step
+  zero_mass = 4,            ///< a row whose entries sum to zero
+  not_normalized = 5,       ///< a row whose sum is off 1 by more than the tolerance
+  vocab_mismatch = 6,       ///< target and draft disagree on the vocabulary size
+  domain = 7,               ///< a math argument outside its domain (alpha, c, gamma, lenience)
+  invalid_option = 8,       ///< a configuration value outside its documented range
+  model_failure = 9,        ///< a user model threw from inside a step
 };
 
 /// Short stable name of an error code ("invalid_size", ...).
 [[nodiscard]] constexpr std::string_view to_string(errc code) noexcept {
   switch (code) {
-    case errc::invalid_size: return "invalid_size";
-    case errc::invalid_token: return "invalid_token";
-    case errc::invalid_probability: return "invalid_probability";
-    case errc::zero_mass: return "zero_mass";
-    case errc::not_normalized: return "not_normalized";
-    case errc::vocab_mismatch: return "vocab_mismatch";
-    case errc::domain: return "domain";
-    case errc::invalid_option: return "invalid_option";
-    case errc::model_failure: return "model_failure";
+    case errc::invalid_size:
+      return "invalid_size";
+    case errc::invalid_token:
+      return "invalid_token";
+    case errc::invalid_probability:
+      return "invalid_probability";
+    case errc::zero_mass:
+      return "zero_mass";
+    case errc::not_normalized:
+      return "not_normalized";
+    case errc::vocab_mismatch:
+      return "vocab_mismatch";
+    case errc::domain:
+      return "domain";
+    case errc::invalid_option:
+      return "invalid_option";
+    case errc::model_failure:
+      return "model_failure";
   }
   return "unknown";
 }
@@ -71,6 +80,16 @@ template <class... Parts>
   std::ostringstream message;
   (message << ... << parts);
   throw error(code, message.str());
+}
+
+/// The message of a specdec::error without the "specdec: <code>: " prefix error adds.
+[[nodiscard]] inline std::string bare_message(const error& e) {
+  const std::string_view text = e.what();
+  std::string prefix = "specdec: ";
+  prefix += to_string(e.code());
+  prefix += ": ";
+  if (text.substr(0, prefix.size()) == prefix) return std::string(text.substr(prefix.size()));
+  return std::string(text);
 }
 
 }  // namespace detail

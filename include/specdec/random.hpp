@@ -51,6 +51,18 @@ class xoshiro256pp {
     for (auto& word : state_) word = expand();
   }
 
+  /// An engine with the given state words (not all zero; stream_engine builds them).
+  [[nodiscard]] static constexpr xoshiro256pp from_state(std::uint64_t s0, std::uint64_t s1,
+                                                         std::uint64_t s2,
+                                                         std::uint64_t s3) noexcept {
+    xoshiro256pp engine;
+    engine.state_[0] = s0;
+    engine.state_[1] = s1;
+    engine.state_[2] = s2;
+    engine.state_[3] = s3;
+    return engine;
+  }
+
   static constexpr result_type min() noexcept { return 0; }
   static constexpr result_type max() noexcept { return std::numeric_limits<result_type>::max(); }
 
@@ -80,6 +92,46 @@ class xoshiro256pp {
 /// The generator used when the caller gives only a seed.
 using default_engine = xoshiro256pp;
 
+/// Names one random stream of a served sequence: the request's seed, the sequence's id
+/// (the engine's request id, not its position in a batch) and the step. Batch verification
+/// draws a sequence's uniforms from stream_engine(key), so a sequence's tokens depend only
+/// on its key and its own rows: never on the batch around it, its position there or the
+/// number of threads. An engine that keeps (seed, sequence, step) for a request replays it
+/// token for token after a restart.
+struct StreamKey {
+  std::uint64_t seed = 0;
+  std::uint64_t sequence = 0;
+  std::uint64_t step = 0;
+
+  friend constexpr bool operator==(const StreamKey&, const StreamKey&) = default;
+};
+
+/// Which of a step's streams: verification's uniforms, or the draft tokens an engine samples
+/// before it (so that drafting and verifying never share numbers).
+enum class stream_purpose : std::uint64_t { verify = 0, draft = 1 };
+
+/// The generator of one stream: an xoshiro256pp whose 256-bit state is the SplitMix64
+/// finaliser (a bijection of 64-bit words) of each part of the key, of the purpose and of
+/// their mix. Distinct keys give distinct states; the state is never all zero. A pure
+/// function of its arguments: no shared counter, no dependence on call order.
+[[nodiscard]] constexpr xoshiro256pp stream_engine(
+    const StreamKey& key, stream_purpose purpose = stream_purpose::verify) noexcept {
+  const auto finalise = [](std::uint64_t z) {
+    z = (z ^ (z >> 30U)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27U)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31U);
+  };
+  const auto tag = static_cast<std::uint64_t>(purpose);
+  std::uint64_t state[4] = {
+      finalise(key.seed + 0x9e3779b97f4a7c15ULL),
+      finalise(key.sequence + 0x3c6ef372fe94f82aULL),
+      finalise(key.step + 0xdaa66d2c7ddf743fULL),
+      finalise(tag ^ finalise(key.seed ^ finalise(key.sequence ^ finalise(key.step)))),
+  };
+  if ((state[0] | state[1] | state[2] | state[3]) == 0) state[0] = 1;
+  return xoshiro256pp::from_state(state[0], state[1], state[2], state[3]);
+}
+
 /// 64 uniformly random bits from any uniform_random_bit_generator. Engines with a full
 /// 64-bit or 32-bit range are used directly; others (e.g. std::minstd_rand) are combined
 /// from their largest power-of-two sub-range by rejection, so every bit is unbiased.
@@ -95,7 +147,7 @@ template <std::uniform_random_bit_generator G>
     return (high << 32U) | static_cast<std::uint64_t>(g());
   } else {
     static_assert(hi > lo, "a generator must produce at least two values");
-    constexpr std::uint64_t range = hi - lo;  // number of values minus one
+    constexpr std::uint64_t range = hi - lo;             // number of values minus one
     constexpr int bits = std::bit_width(range + 1) - 1;  // largest 2^bits <= range + 1
     constexpr std::uint64_t limit = std::uint64_t{1} << bits;
     std::uint64_t out = 0;

@@ -135,6 +135,15 @@ class Standardizer {
   }
 
   [[nodiscard]] const SamplingOptions& options() const noexcept { return options_; }
+
+  /// Replaces the options and keeps the scratch buffers (a worker standardizing rows of
+  /// sequences with different options allocates nothing once its buffers have grown).
+  /// Throws specdec::error (errc::invalid_option) for options out of range, leaving the
+  /// current ones in place.
+  void set_options(const SamplingOptions& options) {
+    options.validate();
+    options_ = options;
+  }
   [[nodiscard]] bool identity() const noexcept { return options_.identity(); }
   [[nodiscard]] bool greedy() const noexcept { return options_.greedy(); }
 

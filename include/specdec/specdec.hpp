@@ -2,6 +2,7 @@
 #pragma once
 
 #include "specdec/analysis.hpp"                // IWYU pragma: export
+#include "specdec/batch_verification.hpp"      // IWYU pragma: export
 #include "specdec/cached_context.hpp"          // IWYU pragma: export
 #include "specdec/concepts.hpp"                // IWYU pragma: export
 #include "specdec/config.hpp"                  // IWYU pragma: export
@@ -10,6 +11,7 @@
 #include "specdec/drafters/ngram.hpp"          // IWYU pragma: export
 #include "specdec/drafters/prompt_lookup.hpp"  // IWYU pragma: export
 #include "specdec/error.hpp"                   // IWYU pragma: export
+#include "specdec/executor.hpp"                // IWYU pragma: export
 #include "specdec/gamma_policy.hpp"            // IWYU pragma: export
 #include "specdec/greedy_verification.hpp"     // IWYU pragma: export
 #include "specdec/kernel_path.hpp"             // IWYU pragma: export

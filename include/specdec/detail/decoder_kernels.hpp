@@ -153,16 +153,6 @@ template <bool Screen, class T>
   return overlap_mass_portable<Screen>(target, draft, factor, size, screen);
 }
 
-/// The message of a specdec::error without the "specdec: <code>: " prefix error adds.
-[[nodiscard]] inline std::string bare_message(const error& e) {
-  const std::string_view text = e.what();
-  std::string prefix = "specdec: ";
-  prefix += to_string(e.code());
-  prefix += ": ";
-  if (text.substr(0, prefix.size()) == prefix) return std::string(text.substr(prefix.size()));
-  return std::string(text);
-}
-
 SPECDEC_KERNELS_END
 
 }  // namespace specdec::detail

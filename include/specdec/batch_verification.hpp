@@ -1,0 +1,486 @@
+// specdec — batch verification: Algorithm 1 for many sequences in one call, laid out
+// raggedly, on several threads, each sequence's result independent of the batch.
+//
+// A serving engine scores the drafts of every active sequence in one target call and holds
+// the rows flattened, the way vLLM's rejection sampler takes them:
+//
+//   draft_tokens   x of sequence 0 | x of sequence 1 | ...            N = sum of n_b tokens
+//   draft_offsets  0 = o_0 <= o_1 <= ... <= o_B = N                    sequence b drafted
+//                                                                      draft_tokens[o_b, o_{b+1})
+//   target_rows    N + B rows: sequence b's n_b + 1 rows p_1..p_{n_b + 1} start at row o_b + b
+//   draft_rows     N rows, row k the q that draft_tokens[k] was sampled from (or no rows
+//                  at all when every sequence proposes its drafts)
+//
+// Every sequence has its own draft count (0 = nothing drafted this step: one token from
+// p_1), its own SamplingOptions (applied alike to its p and q rows, as the decoder applies
+// them), its own lenience, proposals or model drafts, and its own random stream
+// stream_engine(key). A sequence's result is exactly what verify_speculative,
+// verify_speculative_proposals or verify_greedy returns for its rows (standardized by its
+// options) with the generator stream_engine(key): bit-identical alone or in any batch, at
+// any position, on one thread or many (tests/batch_verification_test.cpp).
+//
+// Work: sequences are handed to the executor's tasks one at a time (an atomic counter), each
+// task with its own workspace (a Standardizer and two rows), so that after the first batch
+// of a given V and options nothing allocates. Rows are read lazily, as verify_speculative
+// reads them: at T = 1 without truncation the rows are used as given (normalised rows, the
+// precondition of verify_speculative); otherwise p_i and q_i are standardized when the
+// decisions first read position i, and rows after the first rejection are never touched.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <cstddef>
+#include <exception>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "specdec/concepts.hpp"
+#include "specdec/config.hpp"
+#include "specdec/error.hpp"
+#include "specdec/executor.hpp"
+#include "specdec/greedy_verification.hpp"
+#include "specdec/random.hpp"
+#include "specdec/residual_distribution.hpp"
+#include "specdec/rows.hpp"
+#include "specdec/sampling.hpp"
+#include "specdec/speculative_sampling.hpp"
+#include "specdec/validation.hpp"
+#include "specdec/verification_result.hpp"
+
+namespace specdec {
+
+/// Written after a sequence's emitted tokens in the padded form (BatchVerification::
+/// write_padded): never a valid token id.
+inline constexpr token_id padding_token = -1;
+
+/// A view of a ragged batch (layout at the top of this header). Nothing is copied.
+template <ProbabilityScalar T>
+struct RaggedBatch {
+  std::span<const token_id> draft_tokens;
+  std::span<const std::size_t> draft_offsets;  ///< B + 1 offsets into draft_tokens
+  RowsView<const T> target_rows;               ///< N + B rows
+  RowsView<const T> draft_rows;                ///< N rows, or none (every sequence proposes)
+
+  /// B, the number of sequences.
+  [[nodiscard]] std::size_t size() const noexcept {
+    return draft_offsets.empty() ? 0 : draft_offsets.size() - 1;
+  }
+  [[nodiscard]] std::size_t vocab_size() const noexcept { return target_rows.cols(); }
+  /// n_b, the number of drafts of sequence b.
+  [[nodiscard]] std::size_t drafted(std::size_t b) const noexcept {
+    return draft_offsets[b + 1] - draft_offsets[b];
+  }
+  [[nodiscard]] std::span<const token_id> drafts(std::size_t b) const noexcept {
+    return draft_tokens.subspan(draft_offsets[b], drafted(b));
+  }
+  /// p_1..p_{n_b + 1} of sequence b.
+  [[nodiscard]] RowsView<const T> target(std::size_t b) const noexcept {
+    return target_rows.subrows(draft_offsets[b] + b, drafted(b) + 1);
+  }
+  /// q_1..q_{n_b} of sequence b (no rows if the batch has none).
+  [[nodiscard]] RowsView<const T> draft(std::size_t b) const noexcept {
+    if (draft_rows.rows() == 0) return RowsView<const T>(draft_rows.data(), 0, target_rows.cols());
+    return draft_rows.subrows(draft_offsets[b], drafted(b));
+  }
+};
+
+/// One sequence's part in a batch.
+struct SequenceOptions {
+  SamplingOptions sampling{};  ///< applied alike to its p and q rows (T = 0: greedy)
+  double lenience = 1.0;       ///< paper App. A.5; 1 = exact Algorithm 1
+  bool proposals = false;      ///< drafts proposed without rows (n-gram, prompt lookup): q one-hot
+  StreamKey stream{};          ///< its uniforms: stream_engine(stream)
+};
+
+/// The outcome of one batch: per sequence its VerificationResult and the tokens it emits
+/// (its accepted drafts, then t). Reused across calls: once grown it does not allocate.
+class BatchVerification {
+ public:
+  [[nodiscard]] std::size_t size() const noexcept { return results_.size(); }
+
+  /// Whether sequence b was verified (always, except for the sequences verify_checked
+  /// rejected).
+  [[nodiscard]] bool ok(std::size_t b) const noexcept { return ok_[b] != 0; }
+
+  [[nodiscard]] const VerificationResult& result(std::size_t b) const noexcept {
+    SPECDEC_ASSERT(b < size());
+    return results_[b];
+  }
+
+  /// The tokens sequence b emits: accepted drafts x_1..x_n, then t (empty if !ok(b)).
+  [[nodiscard]] std::span<const token_id> emitted(std::size_t b) const noexcept {
+    SPECDEC_ASSERT(b < size());
+    if (!ok(b)) return {};
+    return {tokens_.data() + first_[b], results_[b].accepted + 1};
+  }
+
+  /// The longest emitted(b) of the batch.
+  [[nodiscard]] std::size_t max_emitted() const noexcept {
+    std::size_t longest = 0;
+    for (std::size_t b = 0; b < size(); ++b) longest = std::max(longest, emitted(b).size());
+    return longest;
+  }
+
+  /// The padded form engines keep: `out` holds size() rows of `width` tokens, row b being
+  /// emitted(b) followed by padding_token. Throws specdec::error (errc::invalid_size) if
+  /// out.size() != size() * width or width < max_emitted().
+  void write_padded(std::span<token_id> out, std::size_t width) const {
+    if (out.size() != size() * width) {
+      detail::throw_error(errc::invalid_size, "padded output: has ", out.size(),
+                          " entries, expected ", size(), " sequences times the width ", width);
+    }
+    if (width < max_emitted()) {
+      detail::throw_error(errc::invalid_size, "padded output: width ", width,
+                          " is less than the longest emitted sequence (", max_emitted(),
+                          " tokens)");
+    }
+    for (std::size_t b = 0; b < size(); ++b) {
+      const std::span<const token_id> tokens = emitted(b);
+      const auto row = out.subspan(b * width, width);
+      std::copy(tokens.begin(), tokens.end(), row.begin());
+      std::fill(row.begin() + static_cast<std::ptrdiff_t>(tokens.size()), row.end(), padding_token);
+    }
+  }
+
+ private:
+  template <ProbabilityScalar>
+  friend class BatchVerifier;
+
+  void prepare(std::size_t sequences, std::span<const std::size_t> offsets, std::size_t slots) {
+    results_.assign(sequences, VerificationResult{});
+    ok_.assign(sequences, 1);
+    errors_.resize(sequences);
+    first_.resize(sequences);
+    for (std::size_t b = 0; b < sequences; ++b) first_[b] = offsets[b] + b;
+    tokens_.resize(slots);
+  }
+
+  void store(std::size_t b, const VerificationResult& result, std::span<const token_id> drafts,
+             std::size_t drafted) noexcept {
+    results_[b] = result;
+    token_id* out = tokens_.data() + first_[b];
+    std::copy(drafts.begin(), drafts.begin() + static_cast<std::ptrdiff_t>(result.accepted), out);
+    out[result.accepted] = result.token;
+    std::fill(out + result.accepted + 1, out + drafted + 1, padding_token);
+  }
+
+  void fail(std::size_t b, std::exception_ptr error, std::size_t drafted) noexcept {
+    results_[b] = VerificationResult{};
+    ok_[b] = 0;
+    errors_[b] = std::move(error);
+    std::fill(tokens_.data() + first_[b], tokens_.data() + first_[b] + drafted + 1, padding_token);
+  }
+
+  std::vector<VerificationResult> results_;
+  std::vector<unsigned char> ok_;
+  std::vector<std::exception_ptr> errors_;  // verify_checked: why sequence b failed
+  std::vector<std::size_t> first_;          // where sequence b's tokens start in tokens_
+  std::vector<token_id> tokens_;            // N + B slots
+};
+
+/// A draft token for a sequence, sampled from its q standardized exactly as BatchVerifier
+/// standardizes it (greedy: the argmax; T = 1 without truncation: q as given). `scratch` has
+/// the row's size. Drafts an engine samples this way, with stream_engine(key,
+/// stream_purpose::draft), make batch verification exact.
+template <ProbabilityScalar T, std::uniform_random_bit_generator G>
+[[nodiscard]] token_id sample_standardized(Standardizer<T>& standardizer, std::span<const T> row,
+                                           std::span<T> scratch, G& g) {
+  SPECDEC_ASSERT(scratch.size() == row.size());
+  if (standardizer.greedy()) return argmax(row);
+  if (standardizer.identity()) return sample_from_row(row, g);
+  standardizer.apply(row, scratch);
+  return sample_from_row(std::span<const T>(scratch), g);
+}
+
+/// Verifies ragged batches (layout at the top of this header) on an executor's threads.
+///
+/// @code
+/// specdec::BatchVerifier<float> verifier;          // a ThreadPool, one task per core
+/// specdec::BatchVerification out;
+/// verifier.verify(batch, options, out);            // options: one SequenceOptions each
+/// for (std::size_t b = 0; b < out.size(); ++b) append(b, out.emitted(b));
+/// @endcode
+template <ProbabilityScalar T>
+class BatchVerifier {
+ public:
+  /// Owns a ThreadPool of `threads` threads (0: one per hardware thread; 1: the caller's).
+  explicit BatchVerifier(std::size_t threads = 0)
+      : pool_(std::make_unique<ThreadPool>(threads)),
+        executor_(*pool_),
+        workspaces_(executor_.concurrency()) {}
+
+  /// Runs on `executor` (which must outlive the verifier), with executor.concurrency()
+  /// workspaces.
+  explicit BatchVerifier(executor_ref executor)
+      : executor_(executor), workspaces_(std::max<std::size_t>(1, executor_.concurrency())) {}
+
+  /// How many sequences can be verified at once.
+  [[nodiscard]] std::size_t concurrency() const noexcept { return workspaces_.size(); }
+
+  /// Allocates every workspace's rows and standardization scratch for rows of `vocab_size`
+  /// entries and any options now, so that no batch of that V allocates in the verifier
+  /// (the BatchVerification grows on its first batch of a given size).
+  void reserve(std::size_t vocab_size) {
+    for (workspace& work : workspaces_) {
+      if (work.p.size() < vocab_size) work.p.resize(vocab_size);
+      if (work.q.size() < vocab_size) work.q.resize(vocab_size);
+      const SamplingOptions kept = work.standardizer.options();
+      // Top-k below V and top-p together reserve every buffer apply() may use.
+      work.standardizer.set_options({.top_k = 1, .top_p = 0.5});
+      work.standardizer.reserve(vocab_size);
+      work.standardizer.set_options(kept);
+    }
+  }
+
+  /// Verifies every sequence of `batch` (unchecked fast path) into `out`. `options` has one
+  /// entry per sequence. Throws specdec::error (errc::invalid_option) only for sampling
+  /// options or a lenience out of range, naming the sequence, before anything is verified.
+  /// Preconditions (asserted in debug builds; verify_checked validates all of them): the
+  /// layout above; draft tokens in [0, V); the rows a sequence reads finite, non-negative
+  /// and normalised; sequences without proposals have draft rows.
+  void verify(const RaggedBatch<T>& batch, std::span<const SequenceOptions> options,
+              BatchVerification& out) {
+    assert_layout(batch, options);
+    for (std::size_t b = 0; b < options.size(); ++b) check_options(b, options[b]);
+    out.prepare(batch.size(), batch.draft_offsets, batch.target_rows.rows());
+    run(batch.size(), [&](std::size_t b, workspace& work) {
+      out.store(b, verify_sequence(batch, b, options[b], work), batch.drafts(b), batch.drafted(b));
+    });
+  }
+
+  /// Validates, then verifies. A malformed layout (offsets, row counts, widths, options
+  /// count) throws specdec::error before anything is verified. Then every sequence is
+  /// validated (its options, draft tokens and the rows it may read) and, if valid, verified;
+  /// if any failed, `out` holds the others' results (out.ok(b) false for the failed ones)
+  /// and the error of the first failing sequence is thrown, naming it:
+  /// "specdec: invalid_probability: sequence 7 (batch position 2): target row 1: entry for
+  /// token 4 is NaN". Rows are validated as validate_probability_row does (greedy
+  /// sequences: validate_greedy_row, sums not checked).
+  void verify_checked(const RaggedBatch<T>& batch, std::span<const SequenceOptions> options,
+                      BatchVerification& out) {
+    check_layout(batch, options);
+    out.prepare(batch.size(), batch.draft_offsets, batch.target_rows.rows());
+    run(batch.size(), [&](std::size_t b, workspace& work) {
+      try {
+        validate_sequence(batch, b, options[b]);
+      } catch (const error& e) {
+        out.fail(b,
+                 std::make_exception_ptr(
+                     error(e.code(), "sequence " + std::to_string(options[b].stream.sequence) +
+                                         " (batch position " + std::to_string(b) +
+                                         "): " + detail::bare_message(e))),
+                 batch.drafted(b));
+        return;
+      } catch (...) {
+        out.fail(b, std::current_exception(), batch.drafted(b));
+        return;
+      }
+      out.store(b, verify_sequence(batch, b, options[b], work), batch.drafts(b), batch.drafted(b));
+    });
+    for (std::size_t b = 0; b < out.size(); ++b) {
+      if (!out.ok(b)) std::rethrow_exception(out.errors_[b]);
+    }
+  }
+
+ private:
+  struct workspace {
+    Standardizer<T> standardizer;
+    std::vector<T> p;  // the standardized target row last read
+    std::vector<T> q;  // the standardized draft row last read
+  };
+
+  // Hands sequences 0..count-1 to the executor's tasks, one at a time; task k works with
+  // workspace k. `verify_one` must not throw.
+  template <class VerifyOne>
+  void run(std::size_t count, VerifyOne&& verify_one) {
+    if (count == 0) return;
+    std::atomic<std::size_t> next{0};
+    auto task = [&](std::size_t k) {
+      workspace& work = workspaces_[k];
+      for (std::size_t b = next.fetch_add(1, std::memory_order_relaxed); b < count;
+           b = next.fetch_add(1, std::memory_order_relaxed)) {
+        verify_one(b, work);
+      }
+    };
+    executor_.run(std::min(count, workspaces_.size()), task);
+  }
+
+  // One sequence: exactly verify_speculative / verify_speculative_proposals / verify_greedy
+  // on its rows standardized by its options, with the generator stream_engine(key).
+  static VerificationResult verify_sequence(const RaggedBatch<T>& batch, std::size_t b,
+                                            const SequenceOptions& options, workspace& work) {
+    const std::span<const token_id> drafts = batch.drafts(b);
+    const RowsView<const T> target = batch.target(b);
+    if (options.sampling.greedy()) return verify_greedy(drafts, target);
+    xoshiro256pp g = stream_engine(options.stream);
+    const SpeculativeSamplingOptions verification{options.lenience};
+    if (options.sampling.identity()) {
+      if (options.proposals) return verify_speculative_proposals(drafts, target, g, verification);
+      return verify_speculative(drafts, batch.draft(b), target, g, verification);
+    }
+    // Standardized rows, each when the decisions first read it (as the decoder does).
+    const std::size_t vocab_size = batch.vocab_size();
+    if (work.p.size() < vocab_size) work.p.resize(vocab_size);
+    if (work.q.size() < vocab_size) work.q.resize(vocab_size);
+    if (!(work.standardizer.options() == options.sampling)) {
+      work.standardizer.set_options(options.sampling);  // validated by the caller
+    }
+    const std::span<T> p(work.p.data(), vocab_size);
+    const std::span<T> q(work.q.data(), vocab_size);
+    std::size_t p_row = detail::no_index;
+    std::size_t q_row = detail::no_index;
+    const auto standardized_p = [&](std::size_t i) {
+      if (p_row != i) {
+        work.standardizer.apply(std::span<const T>(target.row(i)), p);
+        p_row = i;
+      }
+      return std::span<const T>(p);
+    };
+    const RowsView<const T> draft = batch.draft(b);
+    const auto standardized_q = [&](std::size_t i) {
+      if (q_row != i) {
+        work.standardizer.apply(std::span<const T>(draft.row(i)), q);
+        q_row = i;
+      }
+      return std::span<const T>(q);
+    };
+    const std::size_t gamma = drafts.size();
+    const auto p_at = [&](std::size_t i, std::size_t x) {
+      return static_cast<double>(standardized_p(i)[x]);
+    };
+    if (options.proposals) {
+      const std::size_t n = detail::accept_proposals_with(drafts, p_at, g, options.lenience);
+      if (n < gamma) {
+        const ResidualDraw draw =
+            sample_residual_one_hot(standardized_p(n), drafts[n], g, options.lenience);
+        return {n, draw.token, token_source::correction, draw.fallback};
+      }
+    } else {
+      const std::size_t n = detail::accept_drafts_with(
+          drafts, p_at,
+          [&](std::size_t i, std::size_t x) { return static_cast<double>(standardized_q(i)[x]); },
+          g, options.lenience);
+      if (n < gamma) {
+        const ResidualDraw draw =
+            sample_residual(standardized_p(n), standardized_q(n), g, options.lenience);
+        return {n, draw.token, token_source::correction, draw.fallback};
+      }
+    }
+    return {gamma, sample_from_row(standardized_p(gamma), g), token_source::bonus, false};
+  }
+
+  static void check_options(std::size_t b, const SequenceOptions& options) {
+    try {
+      options.sampling.validate();
+      validate_lenience(options.lenience);
+    } catch (const error& e) {
+      throw error(e.code(), "sequence " + std::to_string(options.stream.sequence) +
+                                " (batch position " + std::to_string(b) +
+                                "): " + detail::bare_message(e));
+    }
+  }
+
+  static void assert_layout([[maybe_unused]] const RaggedBatch<T>& batch,
+                            [[maybe_unused]] std::span<const SequenceOptions> options) noexcept {
+#ifndef NDEBUG
+    SPECDEC_ASSERT(options.size() == batch.size());
+    if (batch.draft_offsets.empty()) return;
+    SPECDEC_ASSERT(batch.draft_offsets.front() == 0);
+    for (std::size_t b = 0; b < batch.size(); ++b) {
+      SPECDEC_ASSERT(batch.draft_offsets[b] <= batch.draft_offsets[b + 1]);
+      SPECDEC_ASSERT(batch.draft_rows.rows() != 0 || options[b].proposals ||
+                     options[b].sampling.greedy() || batch.drafted(b) == 0);
+    }
+    SPECDEC_ASSERT(batch.draft_offsets.back() == batch.draft_tokens.size());
+    SPECDEC_ASSERT(batch.target_rows.rows() == batch.draft_tokens.size() + batch.size());
+    SPECDEC_ASSERT(batch.vocab_size() > 0 || batch.size() == 0);
+    SPECDEC_ASSERT(batch.draft_rows.rows() == 0 ||
+                   (batch.draft_rows.rows() == batch.draft_tokens.size() &&
+                    batch.draft_rows.cols() == batch.vocab_size()));
+#endif
+  }
+
+  static void check_layout(const RaggedBatch<T>& batch, std::span<const SequenceOptions> options) {
+    const std::span<const std::size_t> offsets = batch.draft_offsets;
+    if (offsets.empty()) {
+      detail::throw_error(errc::invalid_size,
+                          "batch: draft_offsets is empty (a batch of B sequences has B + 1 "
+                          "offsets, starting at 0)");
+    }
+    const std::size_t sequences = offsets.size() - 1;
+    if (options.size() != sequences) {
+      detail::throw_error(errc::invalid_size, "batch: ", options.size(), " sequence options for ",
+                          sequences, " sequences (", offsets.size(), " draft offsets)");
+    }
+    if (offsets.front() != 0) {
+      detail::throw_error(errc::invalid_size, "batch: draft_offsets starts at ", offsets.front(),
+                          ", not 0");
+    }
+    for (std::size_t b = 0; b < sequences; ++b) {
+      if (offsets[b + 1] < offsets[b]) {
+        detail::throw_error(errc::invalid_size, "batch: draft_offsets decreases at batch position ",
+                            b, " (", offsets[b], " then ", offsets[b + 1], ")");
+      }
+    }
+    const std::size_t drafts = batch.draft_tokens.size();
+    if (offsets.back() != drafts) {
+      detail::throw_error(errc::invalid_size, "batch: draft_offsets ends at ", offsets.back(),
+                          " but there are ", drafts, " draft tokens");
+    }
+    if (batch.target_rows.rows() != drafts + sequences) {
+      detail::throw_error(errc::invalid_size, "batch: ", batch.target_rows.rows(),
+                          " target rows, expected ", drafts + sequences, " (", drafts,
+                          " draft tokens plus one row per sequence)");
+    }
+    if (sequences > 0 && batch.vocab_size() == 0) {
+      detail::throw_error(errc::invalid_size, "batch: the vocabulary size is 0");
+    }
+    if (batch.draft_rows.rows() != 0) {
+      if (batch.draft_rows.rows() != drafts) {
+        detail::throw_error(errc::invalid_size, "batch: ", batch.draft_rows.rows(),
+                            " draft rows, expected one per draft token (", drafts,
+                            ") or none (every sequence proposes)");
+      }
+      if (batch.draft_rows.cols() != batch.vocab_size()) {
+        detail::throw_error(errc::vocab_mismatch, "batch: draft rows have ",
+                            batch.draft_rows.cols(), " entries but target rows have ",
+                            batch.vocab_size());
+      }
+    }
+  }
+
+  static void validate_sequence(const RaggedBatch<T>& batch, std::size_t b,
+                                const SequenceOptions& options) {
+    options.sampling.validate();
+    validate_lenience(options.lenience);
+    const std::size_t vocab_size = batch.vocab_size();
+    const std::size_t step = options.stream.step;
+    const RowsView<const T> target = batch.target(b);
+    const bool greedy = options.sampling.greedy();
+    for (std::size_t i = 0; i < target.rows(); ++i) {
+      const RowLocation where{"target", step, i};
+      if (greedy) {
+        validate_greedy_row(std::span<const T>(target.row(i)), vocab_size, where);
+      } else {
+        validate_probability_row(std::span<const T>(target.row(i)), vocab_size, where);
+      }
+    }
+    if (!greedy && !options.proposals) {
+      if (batch.draft_rows.rows() == 0 && batch.drafted(b) > 0) {
+        detail::throw_error(errc::invalid_size, "draft rows: the batch has none, but the sequence ",
+                            "drafted ", batch.drafted(b),
+                            " tokens with a model (set proposals for drafts without rows)");
+      }
+      validate_probability_rows(batch.draft(b), batch.drafted(b), vocab_size, {"draft", step});
+    }
+    validate_tokens(batch.drafts(b), vocab_size, {"draft", step});
+  }
+
+  std::unique_ptr<ThreadPool> pool_;  // the default executor (empty with an external one)
+  executor_ref executor_;
+  std::vector<workspace> workspaces_;
+};
+
+}  // namespace specdec
