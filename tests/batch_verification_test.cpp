@@ -279,6 +279,9 @@ TEMPLATE_TEST_CASE("Batch: each sequence gets the single-sequence verification o
   // Mixed options (T = 1, tempered, top-k, top-p, min-p, all of them, greedy), proposals,
   // lenience 0.5, 0..6 drafts: bitwise equal to verify_speculative(_proposals) or
   // verify_greedy on the rows standardized by Standardizer::apply, with stream_engine(key).
+  // Top-k sequences (V = 40, 5000) run on their survivors: the same decisions bitwise, and a
+  // final draw whose masses are summed in another order (a different token only where u
+  // falls within rounding of a boundary: none here).
   for (const std::size_t vocab : {2UL, 40UL, 5000UL}) {
     const auto sequences = random_sequences<TestType>(vocab > 1000 ? 24 : 96, vocab, 6, vocab);
     std::vector<const Sequence<TestType>*> all;

@@ -16,8 +16,9 @@
 // them), its own lenience, proposals or model drafts, and its own random stream
 // stream_engine(key). A sequence's result is exactly what verify_speculative,
 // verify_speculative_proposals or verify_greedy returns for its rows (standardized by its
-// options) with the generator stream_engine(key): bit-identical alone or in any batch, at
-// any position, on one thread or many (tests/batch_verification_test.cpp).
+// options) with the generator stream_engine(key) (top-k rows: see below), and it is
+// bit-identical alone or in any batch, at any position, on one thread or many
+// (tests/batch_verification_test.cpp).
 //
 // Work: sequences are handed to the executor's tasks one at a time (an atomic counter), each
 // task with its own workspace (a Standardizer and two rows), so that after the first batch
@@ -25,11 +26,18 @@
 // reads them: at T = 1 without truncation the rows are used as given (normalised rows, the
 // precondition of verify_speculative); otherwise p_i and q_i are standardized when the
 // decisions first read position i, and rows after the first rejection are never touched.
+// Rows truncated by top-k (0 < top_k < V) are kept as their survivors, as the decoder keeps
+// them (Standardizer::apply_sparse: one selection pass per row; the decisions, the residual
+// and the bonus read the survivors only). Their decisions equal the dense path's bitwise;
+// their final draw sums the survivors in id order (the dense kernels sum in lanes), so its
+// token can differ from verify_speculative's on the dense rows only where u falls within
+// rounding of a boundary between two tokens.
 #pragma once
 
 #include <algorithm>
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <memory>
 #include <span>
@@ -38,6 +46,7 @@
 
 #include "specdec/concepts.hpp"
 #include "specdec/config.hpp"
+#include "specdec/detail/sparse_rows.hpp"
 #include "specdec/error.hpp"
 #include "specdec/executor.hpp"
 #include "specdec/greedy_verification.hpp"
@@ -219,13 +228,17 @@ class BatchVerifier {
   /// How many sequences can be verified at once.
   [[nodiscard]] std::size_t concurrency() const noexcept { return workspaces_.size(); }
 
-  /// Allocates every workspace's rows and standardization scratch for rows of `vocab_size`
-  /// entries and any options now, so that no batch of that V allocates in the verifier
+  /// Allocates every workspace's rows, survivor lists and standardization scratch for rows of
+  /// `vocab_size` entries and any options now, so that no batch of that V allocates in the verifier
   /// (the BatchVerification grows on its first batch of a given size).
   void reserve(std::size_t vocab_size) {
     for (workspace& work : workspaces_) {
       if (work.p.size() < vocab_size) work.p.resize(vocab_size);
       if (work.q.size() < vocab_size) work.q.resize(vocab_size);
+      for (auto* ids : {&work.p_ids, &work.q_ids}) ids->reserve(vocab_size);
+      for (auto* weights : {&work.p_weights, &work.q_weights, &work.residual}) {
+        weights->reserve(vocab_size);
+      }
       const SamplingOptions kept = work.standardizer.options();
       // Top-k below V and top-p together reserve every buffer apply() may use.
       work.standardizer.set_options({.top_k = 1, .top_p = 0.5});
@@ -287,8 +300,13 @@ class BatchVerifier {
  private:
   struct workspace {
     Standardizer<T> standardizer;
-    std::vector<T> p;  // the standardized target row last read
-    std::vector<T> q;  // the standardized draft row last read
+    std::vector<T> p;  // the standardized target row last read (dense rows)
+    std::vector<T> q;  // the standardized draft row last read; sparse rows: apply_sparse's
+                       // scratch row
+    // Rows truncated by top-k, kept as their survivors: ids and weights of the p and q rows
+    // last read, and the residual's weights.
+    std::vector<std::uint32_t> p_ids, q_ids;
+    std::vector<T> p_weights, q_weights, residual;
   };
 
   // Hands sequences 0..count-1 to the executor's tasks, one at a time; task k works with
@@ -326,6 +344,9 @@ class BatchVerifier {
     if (work.q.size() < vocab_size) work.q.resize(vocab_size);
     if (!(work.standardizer.options() == options.sampling)) {
       work.standardizer.set_options(options.sampling);  // validated by the caller
+    }
+    if (work.standardizer.sparse_for(vocab_size)) {
+      return verify_sparse(batch, b, options, work, g);
     }
     const std::span<T> p(work.p.data(), vocab_size);
     const std::span<T> q(work.q.data(), vocab_size);
@@ -369,6 +390,74 @@ class BatchVerifier {
       }
     }
     return {gamma, sample_from_row(standardized_p(gamma), g), token_source::bonus, false};
+  }
+
+  // verify_sequence for rows truncated by top-k (0 < top_k < V), kept as their survivors
+  // (Standardizer::apply_sparse: one selection pass per row, then nothing reads V entries):
+  // the same decisions as on the dense standardized rows (the survivors' weights are the
+  // dense row's non-zero entries bitwise) and the same uniforms; the final draw sums the
+  // survivors' masses in id order.
+  static VerificationResult verify_sparse(const RaggedBatch<T>& batch, std::size_t b,
+                                          const SequenceOptions& options, workspace& work,
+                                          xoshiro256pp& g) {
+    const std::size_t width = options.sampling.top_k;
+    for (auto* ids : {&work.p_ids, &work.q_ids}) {
+      if (ids->size() < width) ids->resize(width);
+    }
+    for (auto* weights : {&work.p_weights, &work.q_weights, &work.residual}) {
+      if (weights->size() < width) weights->resize(width);
+    }
+    const std::span<const token_id> drafts = batch.drafts(b);
+    const RowsView<const T> target = batch.target(b);
+    const RowsView<const T> draft = batch.draft(b);
+    const std::span<T> scratch(work.q.data(), batch.vocab_size());
+    const auto load = [&](const RowsView<const T>& rows, std::size_t i, std::size_t& loaded,
+                          std::vector<std::uint32_t>& ids, std::vector<T>& weights,
+                          std::size_t& count) {
+      if (loaded == i) return;
+      double top = 0.0;
+      count = work.standardizer.apply_sparse(std::span<const T>(rows.row(i)), scratch, ids.data(),
+                                             weights.data(), top);
+      loaded = i;
+    };
+    std::size_t p_row = detail::no_index;
+    std::size_t q_row = detail::no_index;
+    std::size_t p_count = 0;
+    std::size_t q_count = 0;
+    const auto p_at = [&](std::size_t i) {
+      load(target, i, p_row, work.p_ids, work.p_weights, p_count);
+      return detail::sparse_row<T>{work.p_ids.data(), work.p_weights.data(), p_count};
+    };
+    const auto q_at = [&](std::size_t i) {
+      load(draft, i, q_row, work.q_ids, work.q_weights, q_count);
+      return detail::sparse_row<T>{work.q_ids.data(), work.q_weights.data(), q_count};
+    };
+    const std::size_t gamma = drafts.size();
+    const double lenience = options.lenience;
+    const auto p_entry = [&](std::size_t i, std::size_t x) {
+      return static_cast<double>(p_at(i).at(x));
+    };
+    std::size_t n = 0;
+    if (options.proposals) {
+      n = detail::accept_proposals_with(drafts, p_entry, g, lenience);
+    } else {
+      n = detail::accept_drafts_with(
+          drafts, p_entry,
+          [&](std::size_t i, std::size_t x) { return static_cast<double>(q_at(i).at(x)); }, g,
+          lenience);
+    }
+    const double u = uniform01<double>(g);
+    if (n < gamma) {
+      const detail::sparse_residual_outcome draw =
+          options.proposals
+              ? detail::sparse_residual_one_hot_draw(p_at(n), static_cast<std::size_t>(drafts[n]),
+                                                     lenience, u)
+              : detail::sparse_residual_draw(p_at(n), q_at(n), static_cast<T>(lenience), u,
+                                             work.residual.data());
+      return {n, static_cast<token_id>(draw.token), token_source::correction, draw.fallback};
+    }
+    return {gamma, static_cast<token_id>(detail::sparse_draw(p_at(gamma), u, 0)),
+            token_source::bonus, false};
   }
 
   static void check_options(std::size_t b, const SequenceOptions& options) {
