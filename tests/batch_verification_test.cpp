@@ -258,6 +258,36 @@ TEST_CASE("Executors run every task exactly once", "[batch][executor]") {
   check(four);
 }
 
+TEST_CASE("Batch: small batches run on the calling thread", "[batch][executor]") {
+  // Below the parallel threshold (2 B V < 2^20 entries by default) the executor is not
+  // called; at threshold 0 it is. The results are the same.
+  struct CountingExecutor {
+    specdec::ThreadPool pool{2};
+    std::size_t runs = 0;
+    void run(std::size_t count, specdec::task_ref task) {
+      ++runs;
+      pool.run(count, task);
+    }
+    [[nodiscard]] std::size_t concurrency() const noexcept { return 2; }
+  } executor;
+  constexpr std::size_t vocab = 64;
+  const auto sequences = random_sequences<float>(8, vocab, 4, 3);
+  std::vector<const Sequence<float>*> all;
+  for (const auto& s : sequences) all.push_back(&s);
+  const Batch<float> batch(vocab, all);
+  BatchVerifier<float> verifier{specdec::executor_ref(executor)};
+  BatchVerification inline_out;
+  verifier.verify(batch.view(), batch.options, inline_out);
+  CHECK(executor.runs == 0);
+  verifier.set_parallel_threshold(2 * 8 * vocab);  // exactly reached: parallel
+  BatchVerification parallel_out;
+  verifier.verify(batch.view(), batch.options, parallel_out);
+  CHECK(executor.runs == 1);
+  for (std::size_t b = 0; b < sequences.size(); ++b) {
+    CHECK(parallel_out.result(b) == inline_out.result(b));
+  }
+}
+
 TEST_CASE("ThreadPool: tasks run on several threads at once", "[batch][executor]") {
   // Four tasks that each wait until all four have started finish only if four threads run
   // them concurrently (the caller and three workers).
@@ -288,6 +318,7 @@ TEMPLATE_TEST_CASE("Batch: each sequence gets the single-sequence verification o
     for (const auto& s : sequences) all.push_back(&s);
     const Batch<TestType> batch(vocab, all);
     BatchVerifier<TestType> verifier(2);
+    verifier.set_parallel_threshold(0);  // threads even for small batches
     BatchVerification out;
     verifier.verify(batch.view(), batch.options, out);
     REQUIRE(out.size() == sequences.size());
@@ -336,6 +367,7 @@ TEMPLATE_TEST_CASE(
   };
   for (const std::size_t threads : {1UL, 2UL, 4UL}) {
     BatchVerifier<TestType> verifier(threads);
+    verifier.set_parallel_threshold(0);  // threads even for small batches
     BatchVerification out;
     // In order, reversed, interleaved with other sequences, and each alone.
     const Batch<TestType> in_order(vocab, all);
@@ -390,6 +422,7 @@ TEST_CASE("Batch: greedy sequences emit exactly what plain greedy decoding emits
   for (const auto& s : sequences) all.push_back(&s);
   const Batch<float> batch(vocab, all);
   BatchVerifier<float> verifier(2);
+  verifier.set_parallel_threshold(0);  // threads even for small batches
   BatchVerification out;
   verifier.verify(batch.view(), batch.options, out);
   for (std::size_t k = 0; k < sequences.size(); ++k) {
@@ -443,6 +476,7 @@ std::vector<std::uint64_t> three_token_counts(const LawCase& rows,
   specdec::Standardizer<double> standardizer(draft_options);
   std::vector<double> scratch(vocab);
   BatchVerifier<double> verifier(2);
+  verifier.set_parallel_threshold(0);  // threads even for small batches
   BatchVerification out;
   specdec::xoshiro256pp completion(77);
   std::vector<std::uint64_t> counts(vocab * vocab * vocab, 0);
@@ -579,6 +613,7 @@ TEST_CASE("Batch: no allocation once warm", "[batch][allocation]") {
     for (const auto& s : sequences) all.push_back(&s);
     const Batch<float> batch(vocab, all);
     BatchVerifier<float> verifier(2);
+    verifier.set_parallel_threshold(0);  // threads even for small batches
     verifier.reserve(vocab);
     BatchVerification out;
     verifier.verify(batch.view(), batch.options, out);

@@ -228,6 +228,16 @@ class BatchVerifier {
   /// How many sequences can be verified at once.
   [[nodiscard]] std::size_t concurrency() const noexcept { return workspaces_.size(); }
 
+  /// The default of set_parallel_threshold: 2^20 entries.
+  static constexpr std::size_t default_parallel_threshold = std::size_t{1} << 20U;
+
+  /// A batch of B sequences over V tokens runs on the executor's threads when 2 B V (the
+  /// entries of its sequences' final draws, at least) reaches `entries`, else on the calling
+  /// thread: waking a sleeping worker costs tens of microseconds (35-45 us for an empty run
+  /// of a 2-thread pool on the 2-core benchmark host), as much as a small batch's whole work.
+  /// Results do not depend on it. 0: always on the executor.
+  void set_parallel_threshold(std::size_t entries) noexcept { parallel_entries_ = entries; }
+
   /// Allocates every workspace's rows, survivor lists and standardization scratch for rows of
   /// `vocab_size` entries and any options now, so that no batch of that V allocates in the verifier
   /// (the BatchVerification grows on its first batch of a given size).
@@ -258,7 +268,7 @@ class BatchVerifier {
     assert_layout(batch, options);
     for (std::size_t b = 0; b < options.size(); ++b) check_options(b, options[b]);
     out.prepare(batch.size(), batch.draft_offsets, batch.target_rows.rows());
-    run(batch.size(), [&](std::size_t b, workspace& work) {
+    run(batch.size(), batch.vocab_size(), [&](std::size_t b, workspace& work) {
       out.store(b, verify_sequence(batch, b, options[b], work), batch.drafts(b), batch.drafted(b));
     });
   }
@@ -275,7 +285,7 @@ class BatchVerifier {
                       BatchVerification& out) {
     check_layout(batch, options);
     out.prepare(batch.size(), batch.draft_offsets, batch.target_rows.rows());
-    run(batch.size(), [&](std::size_t b, workspace& work) {
+    run(batch.size(), batch.vocab_size(), [&](std::size_t b, workspace& work) {
       try {
         validate_sequence(batch, b, options[b]);
       } catch (const error& e) {
@@ -312,7 +322,7 @@ class BatchVerifier {
   // Hands sequences 0..count-1 to the executor's tasks, one at a time; task k works with
   // workspace k. `verify_one` must not throw.
   template <class VerifyOne>
-  void run(std::size_t count, VerifyOne&& verify_one) {
+  void run(std::size_t count, std::size_t vocab_size, VerifyOne&& verify_one) {
     if (count == 0) return;
     std::atomic<std::size_t> next{0};
     auto task = [&](std::size_t k) {
@@ -322,6 +332,10 @@ class BatchVerifier {
         verify_one(b, work);
       }
     };
+    if (count * 2 * vocab_size < parallel_entries_) {
+      task(0);
+      return;
+    }
     executor_.run(std::min(count, workspaces_.size()), task);
   }
 
@@ -567,6 +581,7 @@ class BatchVerifier {
     validate_tokens(batch.drafts(b), vocab_size, {"draft", step});
   }
 
+  std::size_t parallel_entries_ = default_parallel_threshold;
   std::unique_ptr<ThreadPool> pool_;  // the default executor (empty with an external one)
   executor_ref executor_;
   std::vector<workspace> workspaces_;
