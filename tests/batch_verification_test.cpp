@@ -12,6 +12,7 @@
 #include <numeric>
 #include <set>
 #include <span>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch_template_test_macros.hpp>
@@ -256,6 +257,18 @@ TEST_CASE("Executors run every task exactly once", "[batch][executor]") {
   check(inline_executor);
   check(one);
   check(four);
+  // An engine's own parallel-for (here: two std::threads splitting the indices).
+  auto parallel_for = specdec::FunctionExecutor(
+      [](std::size_t count, specdec::task_ref task) {
+        std::thread other([&] {
+          for (std::size_t k = 1; k < count; k += 2) task(k);
+        });
+        for (std::size_t k = 0; k < count; k += 2) task(k);
+        other.join();
+      },
+      2);
+  CHECK(parallel_for.concurrency() == 2);
+  check(parallel_for);
 }
 
 TEST_CASE("Batch: small batches run on the calling thread", "[batch][executor]") {

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace specdec {
@@ -147,6 +148,30 @@ class ThreadPool {
   std::size_t generation_ = 0;
   bool stopping_ = false;
   std::atomic<std::size_t> next_{0};
+};
+
+/// An executor from a plain function `f(count, task)` that runs task(0..count-1) (e.g. an
+/// engine's parallel-for or an OpenMP loop), with the concurrency it offers.
+/// @code
+/// auto omp = specdec::FunctionExecutor([](std::size_t count, specdec::task_ref task) {
+///   #pragma omp parallel for
+///   for (std::size_t k = 0; k < count; ++k) task(k);
+/// }, omp_get_max_threads());
+/// specdec::BatchVerifier<float> verifier{specdec::executor_ref(omp)};
+/// @endcode
+template <class F>
+requires std::is_invocable_v<F&, std::size_t, task_ref>
+class FunctionExecutor {
+ public:
+  FunctionExecutor(F function, std::size_t concurrency)
+      : function_(std::move(function)), concurrency_(std::max<std::size_t>(1, concurrency)) {}
+
+  void run(std::size_t count, task_ref task) { function_(count, task); }
+  [[nodiscard]] std::size_t concurrency() const noexcept { return concurrency_; }
+
+ private:
+  F function_;
+  std::size_t concurrency_;
 };
 
 static_assert(TaskExecutor<InlineExecutor>);
