@@ -272,8 +272,8 @@ TEST_CASE("Executors run every task exactly once", "[batch][executor]") {
 }
 
 TEST_CASE("Batch: small batches run on the calling thread", "[batch][executor]") {
-  // Below the parallel threshold (2 B V < 2^20 entries by default) the executor is not
-  // called; at threshold 0 it is. The results are the same.
+  // Below the parallel threshold (2^20 entries read by default) the executor is not called;
+  // at a threshold the batch reaches it is. The results are the same.
   struct CountingExecutor {
     specdec::ThreadPool pool{2};
     std::size_t runs = 0;
@@ -292,7 +292,7 @@ TEST_CASE("Batch: small batches run on the calling thread", "[batch][executor]")
   BatchVerification inline_out;
   verifier.verify(batch.view(), batch.options, inline_out);
   CHECK(executor.runs == 0);
-  verifier.set_parallel_threshold(2 * 8 * vocab);  // exactly reached: parallel
+  verifier.set_parallel_threshold(2 * 8 * vocab);  // reached by the final draws alone
   BatchVerification parallel_out;
   verifier.verify(batch.view(), batch.options, parallel_out);
   CHECK(executor.runs == 1);

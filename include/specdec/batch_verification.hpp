@@ -231,11 +231,12 @@ class BatchVerifier {
   /// The default of set_parallel_threshold: 2^20 entries.
   static constexpr std::size_t default_parallel_threshold = std::size_t{1} << 20U;
 
-  /// A batch of B sequences over V tokens runs on the executor's threads when 2 B V (the
-  /// entries of its sequences' final draws, at least) reaches `entries`, else on the calling
-  /// thread: waking a sleeping worker costs tens of microseconds (35-45 us for an empty run
-  /// of a 2-thread pool on the 2-core benchmark host), as much as a small batch's whole work.
-  /// Results do not depend on it. 0: always on the executor.
+  /// A batch runs on the executor's threads when the entries it reads at least (per
+  /// sequence: the 2 rows of its final draw at T = 1 without truncation, else its 2 (n_b + 1)
+  /// rows, each standardized whole, times V) reach `entries`, else on the calling thread: waking a
+  /// sleeping worker costs tens of microseconds (35-45 us for an empty run of a 2-thread pool on
+  /// the 2-core benchmark host), as much as a small batch's whole work. Results do not depend on
+  /// it. 0: always on the executor.
   void set_parallel_threshold(std::size_t entries) noexcept { parallel_entries_ = entries; }
 
   /// Allocates every workspace's rows, survivor lists and standardization scratch for rows of
@@ -268,7 +269,7 @@ class BatchVerifier {
     assert_layout(batch, options);
     for (std::size_t b = 0; b < options.size(); ++b) check_options(b, options[b]);
     out.prepare(batch.size(), batch.draft_offsets, batch.target_rows.rows());
-    run(batch.size(), batch.vocab_size(), [&](std::size_t b, workspace& work) {
+    run(batch, options, [&](std::size_t b, workspace& work) {
       out.store(b, verify_sequence(batch, b, options[b], work), batch.drafts(b), batch.drafted(b));
     });
   }
@@ -285,7 +286,7 @@ class BatchVerifier {
                       BatchVerification& out) {
     check_layout(batch, options);
     out.prepare(batch.size(), batch.draft_offsets, batch.target_rows.rows());
-    run(batch.size(), batch.vocab_size(), [&](std::size_t b, workspace& work) {
+    run(batch, options, [&](std::size_t b, workspace& work) {
       try {
         validate_sequence(batch, b, options[b]);
       } catch (const error& e) {
@@ -321,8 +322,21 @@ class BatchVerifier {
 
   // Hands sequences 0..count-1 to the executor's tasks, one at a time; task k works with
   // workspace k. `verify_one` must not throw.
+  // The entries a batch reads at least: the two rows of each sequence's final draw at T = 1
+  // without truncation, every row pair up to it (each standardized whole) otherwise.
+  static std::size_t work_entries(const RaggedBatch<T>& batch,
+                                  std::span<const SequenceOptions> options) noexcept {
+    std::size_t rows = 0;
+    for (std::size_t b = 0; b < batch.size(); ++b) {
+      rows += options[b].sampling.identity() ? 2 : 2 * (batch.drafted(b) + 1);
+    }
+    return rows * batch.vocab_size();
+  }
+
   template <class VerifyOne>
-  void run(std::size_t count, std::size_t vocab_size, VerifyOne&& verify_one) {
+  void run(const RaggedBatch<T>& batch, std::span<const SequenceOptions> options,
+           VerifyOne&& verify_one) {
+    const std::size_t count = batch.size();
     if (count == 0) return;
     std::atomic<std::size_t> next{0};
     auto task = [&](std::size_t k) {
@@ -332,7 +346,7 @@ class BatchVerifier {
         verify_one(b, work);
       }
     };
-    if (count * 2 * vocab_size < parallel_entries_) {
+    if (work_entries(batch, options) < parallel_entries_) {
       task(0);
       return;
     }
