@@ -5,7 +5,8 @@
 //   the pure read    an integer OR over exactly the rows the batch must touch (each
 //                    sequence's rows read whole: p_{n+1} and q_{n+1} after a rejection,
 //                    p_{gamma+1} for a bonus; at T != 1 also the rows standardized before
-//                    them), split over the same threads the same way (the physical limit);
+//                    them), split over the same threads the same way, or on the calling
+//                    thread where the batch runs there (the physical limit);
 //   the loop         specdec's single-sequence verify_speculative (T = 1) or Standardizer +
 //                    verify_speculative per sequence, one after another on one thread: what
 //                    an engine writes without batch verification;
@@ -174,6 +175,10 @@ void BM_BatchVerify(benchmark::State& state) {
       if (i < gamma) touched[b].emplace_back(q.row(i));
     }
   }
+  // On the threads when the batch is (the verifier's rule: the rows it reads at least).
+  const std::size_t least_rows = sequences * (truncated ? 2 * (gamma + 1) : 2);
+  const bool parallel =
+      least_rows * vocab >= specdec::BatchVerifier<float>::default_parallel_threshold;
   std::uint32_t sink = 0;
   std::vector<std::uint32_t> bits(threads, 0);
   const auto read = [&] {
@@ -183,7 +188,11 @@ void BM_BatchVerify(benchmark::State& state) {
         bits[k] |= specdec::baseline::read_rows(touched[b]);
       }
     };
-    pool.run(std::min(threads, sequences), task);
+    if (parallel) {
+      pool.run(std::min(threads, sequences), task);
+    } else {
+      task(0);
+    }
     for (const auto value : bits) sink |= value;
   };
   // The loop and the peer, one sequence after another on this thread.

@@ -339,18 +339,28 @@ class BatchVerifier {
     const std::size_t count = batch.size();
     if (count == 0) return;
     std::atomic<std::size_t> next{0};
+    // Nothing may leave a task (a worker thread would terminate): an exception (only
+    // std::bad_alloc, while a workspace grows) stops the batch and is rethrown here.
+    std::atomic<bool> failed{false};
+    std::exception_ptr failure;
     auto task = [&](std::size_t k) {
       workspace& work = workspaces_[k];
-      for (std::size_t b = next.fetch_add(1, std::memory_order_relaxed); b < count;
-           b = next.fetch_add(1, std::memory_order_relaxed)) {
-        verify_one(b, work);
+      try {
+        for (std::size_t b = next.fetch_add(1, std::memory_order_relaxed); b < count;
+             b = next.fetch_add(1, std::memory_order_relaxed)) {
+          verify_one(b, work);
+        }
+      } catch (...) {
+        if (!failed.exchange(true)) failure = std::current_exception();
+        next.store(count, std::memory_order_relaxed);
       }
     };
     if (work_entries(batch, options) < parallel_entries_) {
       task(0);
-      return;
+    } else {
+      executor_.run(std::min(count, workspaces_.size()), task);
     }
-    executor_.run(std::min(count, workspaces_.size()), task);
+    if (failure) std::rethrow_exception(failure);
   }
 
   // One sequence: exactly verify_speculative / verify_speculative_proposals / verify_greedy
