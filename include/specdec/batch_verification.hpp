@@ -125,6 +125,12 @@ class BatchVerification {
     return {tokens_.data() + first_[b], results_[b].accepted + 1};
   }
 
+  /// Why verify_checked rejected sequence b (null if ok(b)): a specdec::error naming it.
+  [[nodiscard]] std::exception_ptr error(std::size_t b) const noexcept {
+    SPECDEC_ASSERT(b < size());
+    return errors_[b];
+  }
+
   /// The longest emitted(b) of the batch.
   [[nodiscard]] std::size_t max_emitted() const noexcept {
     std::size_t longest = 0;
@@ -161,6 +167,7 @@ class BatchVerification {
     results_.assign(sequences, VerificationResult{});
     ok_.assign(sequences, 1);
     errors_.resize(sequences);
+    std::fill(errors_.begin(), errors_.end(), nullptr);
     first_.resize(sequences);
     for (std::size_t b = 0; b < sequences; ++b) first_[b] = offsets[b] + b;
     tokens_.resize(slots);

@@ -1,0 +1,516 @@
+// specdec — the batch decoder: many sequences, one target call per step for all of them.
+//
+// A serving engine keeps a set of active sequences; each step drafts for every one of them,
+// scores every drafted prefix of every sequence in ONE target call (a BatchScoringModel;
+// models without batch scoring are called per sequence), verifies the ragged batch
+// (batch_verification.hpp, on the verifier's threads) and appends each sequence's tokens.
+// Sequences join (add) and leave (finishing: max tokens, a stop token, or an error of their
+// own) between steps: continuous batching.
+//
+// Each sequence is decoded exactly as speculative sampling from its own target law: its
+// drafts are sampled from its draft rows standardized by its options with the stream
+// stream_engine({seed, id, step}, draft), verified with stream_engine({seed, id, step}),
+// where step counts that sequence's own steps. With models whose rows depend only on the
+// context (the LanguageModel contract), a sequence's tokens therefore depend only on its
+// request: never on the other sequences, on when it joined, or on the number of threads
+// (tests/batch_decoder_test.cpp).
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "specdec/batch_verification.hpp"
+#include "specdec/concepts.hpp"
+#include "specdec/error.hpp"
+#include "specdec/random.hpp"
+#include "specdec/rows.hpp"
+#include "specdec/sampling.hpp"
+#include "specdec/validation.hpp"
+
+namespace specdec {
+
+/// One sequence's part of a batched target call: its context (prompt and generated tokens)
+/// and this step's drafts.
+struct BatchScoreRequest {
+  std::span<const token_id> context;
+  std::span<const token_id> drafts;
+};
+
+/// `model.score_batch(requests)`: for each request in order, the rows of the prefixes
+/// context, context + drafts[0..1), ..., context + drafts: sum of (drafts + 1) rows.
+// clang-format off
+template <class M>
+concept HasBatchScoring = requires(M& model, std::span<const BatchScoreRequest> requests) {
+  { model.score_batch(requests) } -> ProbabilityMatrix;
+};
+// clang-format on
+
+/// A LanguageModel that scores the drafted prefixes of many sequences in one call (one
+/// forward pass over the ragged batch). Row k of request b's block must equal
+/// next_token_probabilities of context + drafts[0..k).
+template <class M>
+concept BatchScoringModel = LanguageModel<M> && HasBatchScoring<M>;
+
+/// What a sequence asks for.
+struct SequenceRequest {
+  std::uint64_t id = 0;            ///< the engine's id: names the sequence, keys its stream
+  std::vector<token_id> prompt{};  ///< the context before the first generated token
+  std::size_t max_new_tokens = 64;
+  std::uint64_t seed = 0;
+  SamplingOptions sampling{};           ///< applied alike to its p and q rows (T = 0: greedy)
+  std::size_t gamma = 4;                ///< drafts per step (fewer near max_new_tokens)
+  std::vector<token_id> stop_tokens{};  ///< generation ends after emitting one of these
+};
+
+/// Why a sequence left the batch.
+enum class sequence_end : std::uint8_t {
+  max_new_tokens,  ///< it generated max_new_tokens tokens
+  stop_token,      ///< it emitted one of its stop tokens (the last token of its output)
+  failed,          ///< an error of its own (its model rows, its draft model); see error
+};
+
+/// A sequence that left the batch: its tokens and how it went.
+struct FinishedSequence {
+  std::uint64_t id = 0;
+  std::vector<token_id> tokens;  ///< generated tokens (the prompt excluded)
+  sequence_end end = sequence_end::max_new_tokens;
+  std::size_t steps = 0;     ///< its decoding steps
+  std::size_t drafted = 0;   ///< drafts verified
+  std::size_t accepted = 0;  ///< drafts accepted
+  std::exception_ptr error;  ///< a specdec::error naming it when end == failed
+};
+
+/// Options of a BatchDecoder.
+struct BatchDecoderOptions {
+  /// Threads of the verifier's pool (0: one per hardware thread).
+  std::size_t threads = 0;
+  /// BatchVerifier::set_parallel_threshold: steps whose verification reads fewer entries run
+  /// on the calling thread (0: always on the pool).
+  std::size_t parallel_threshold = std::size_t{1} << 20U;
+  /// Validate every row a step reads (BatchVerifier::verify_checked): a sequence with a bad
+  /// row fails alone. Off: rows are preconditions.
+  bool validate_rows = true;
+  /// Called after every step for each sequence that emitted tokens, with its id and them.
+  std::function<void(std::uint64_t id, std::span<const token_id> tokens)> on_tokens{};
+};
+
+/// Decodes many sequences together. `Target` is a LanguageModel (BatchScoringModel: one call
+/// per step; BatchedLanguageModel: score_draft per sequence; else one call per prefix);
+/// `Draft` a LanguageModel (drafts sampled from its rows) or a ProposalDrafter. Both models
+/// are called on the thread calling step(); verification runs on the verifier's threads.
+template <LanguageModel Target, Drafter Draft>
+class BatchDecoder {
+ public:
+  using value_type = typename detail::model_row_traits<Target>::scalar;
+
+  /// Throws specdec::error (errc::vocab_mismatch) if a draft LanguageModel's vocabulary
+  /// differs from the target's, errc::invalid_size if the target's is 0.
+  BatchDecoder(Target& target, Draft& draft, BatchDecoderOptions options = {})
+      : target_(&target),
+        draft_(&draft),
+        options_(std::move(options)),
+        verifier_(options_.threads),
+        vocab_size_(target.vocab_size()) {
+    verifier_.set_parallel_threshold(options_.parallel_threshold);
+    if (vocab_size_ == 0)
+      detail::throw_error(errc::invalid_size, "target model: vocab_size() is 0");
+    if constexpr (LanguageModel<Draft>) {
+      if (static_cast<std::size_t>(draft.vocab_size()) != vocab_size_) {
+        detail::throw_error(errc::vocab_mismatch, "draft model has vocab_size() ",
+                            draft.vocab_size(), " but the target model has ", vocab_size_);
+      }
+    }
+  }
+
+  /// Adds a sequence; it takes part from the next step. Throws specdec::error, adding
+  /// nothing: errc::invalid_option for sampling options out of range, gamma 0, max_new_tokens
+  /// 0, an id already active, or a stop token outside [0, V); errc::invalid_token for a
+  /// prompt token outside [0, V).
+  void add(SequenceRequest request) {
+    const auto where = "sequence " + std::to_string(request.id) + ": ";
+    try {
+      request.sampling.validate();
+    } catch (const error& e) {
+      throw error(e.code(), where + detail::bare_message(e));
+    }
+    if (request.gamma == 0) {
+      detail::throw_error(errc::invalid_option, where, "gamma must be >= 1");
+    }
+    if (request.max_new_tokens == 0) {
+      detail::throw_error(errc::invalid_option, where, "max_new_tokens must be >= 1");
+    }
+    for (const Active& active : active_) {
+      if (active.request.id == request.id) {
+        detail::throw_error(errc::invalid_option, where, "the id is already in the batch");
+      }
+    }
+    for (const token_id token : request.stop_tokens) {
+      if (token < 0 || static_cast<std::size_t>(token) >= vocab_size_) {
+        detail::throw_error(errc::invalid_option, where, "stop token ", token, " is outside [0, ",
+                            vocab_size_, ")");
+      }
+    }
+    for (std::size_t j = 0; j < request.prompt.size(); ++j) {
+      const token_id token = request.prompt[j];
+      if (token < 0 || static_cast<std::size_t>(token) >= vocab_size_) {
+        detail::throw_error(errc::invalid_token, where, "prompt token at position ", j, ": id ",
+                            token, " is outside [0, ", vocab_size_, ")");
+      }
+    }
+    Active active;
+    active.context = request.prompt;
+    active.standardizer.set_options(request.sampling);
+    active.request = std::move(request);
+    active_.push_back(std::move(active));
+  }
+
+  /// Sequences in the batch.
+  [[nodiscard]] std::size_t active() const noexcept { return active_.size(); }
+  /// Target calls so far (one per step with a BatchScoringModel).
+  [[nodiscard]] std::size_t target_calls() const noexcept { return target_calls_; }
+  /// Steps so far.
+  [[nodiscard]] std::size_t steps() const noexcept { return steps_; }
+
+  /// One step for every active sequence; returns the tokens emitted. Sequences that finish
+  /// leave the batch (take_finished). If the target model throws (or returns rows of the
+  /// wrong shape) the step throws specdec::error (errc::model_failure with the model's
+  /// exception nested, or errc::invalid_size) and changes nothing: every sequence keeps
+  /// its tokens and its step count, so the next step() retries it.
+  std::size_t step() {
+    if (active_.empty()) return 0;
+    ++steps_;
+    draft_all();
+    score_all();
+    return verify_and_emit();
+  }
+
+  /// Steps until no sequence is active.
+  void run() {
+    while (!active_.empty()) step();
+  }
+
+  /// The sequences that left the batch since the last call, in the order they left.
+  [[nodiscard]] std::vector<FinishedSequence> take_finished() {
+    std::vector<FinishedSequence> out;
+    out.swap(finished_);
+    return out;
+  }
+
+ private:
+  struct Active {
+    SequenceRequest request;
+    std::vector<token_id> context;  // prompt + generated (+ this step's drafts while drafting)
+    FinishedSequence result;
+    Standardizer<value_type> standardizer;
+    std::size_t drafted = 0;     // this step's drafts
+    std::exception_ptr failure;  // this step's draft failure
+  };
+
+  static constexpr bool draft_is_model = LanguageModel<Draft>;
+
+  [[nodiscard]] std::string name(const Active& sequence) const {
+    return "sequence " + std::to_string(sequence.request.id) + " (step " +
+           std::to_string(sequence.result.steps) + ")";
+  }
+
+  // Drafts for every sequence into draft_tokens_ / draft_rows_ (one row per model draft)
+  // and offsets_. A draft model that throws, or a drafter's bad proposal, fails only that
+  // sequence (its drafts are dropped; it leaves the batch after this step).
+  void draft_all() {
+    offsets_.assign(1, 0);
+    draft_tokens_.clear();
+    draft_rows_.clear();
+    for (Active& sequence : active_) {
+      sequence.failure = nullptr;
+      const std::size_t remaining = sequence.request.max_new_tokens - sequence.result.tokens.size();
+      const std::size_t gamma = std::min(sequence.request.gamma, remaining - 1);
+      const std::size_t base = sequence.context.size();
+      try {
+        sequence.drafted = draft_one(sequence, gamma);
+      } catch (...) {
+        sequence.failure = wrap_failure(sequence);
+        draft_call_ = false;
+        sequence.drafted = 0;
+        draft_rows_.resize(draft_tokens_.size() * vocab_size_);
+      }
+      draft_tokens_.insert(
+          draft_tokens_.end(), sequence.context.begin() + static_cast<std::ptrdiff_t>(base),
+          sequence.context.begin() + static_cast<std::ptrdiff_t>(base + sequence.drafted));
+      sequence.context.resize(base);
+      offsets_.push_back(draft_tokens_.size());
+    }
+  }
+
+  // Appends up to `gamma` drafts to sequence.context (and, for a draft model, their rows to
+  // draft_rows_); returns how many.
+  std::size_t draft_one(Active& sequence, std::size_t gamma) {
+    if (gamma == 0) return 0;
+    const std::size_t base = sequence.context.size();
+    if constexpr (draft_is_model) {
+      const StreamKey key{sequence.request.seed, sequence.request.id, sequence.result.steps};
+      xoshiro256pp g = stream_engine(key, stream_purpose::draft);
+      scratch_.resize(vocab_size_);
+      for (std::size_t i = 0; i < gamma; ++i) {
+        draft_call_ = true;
+        auto&& returned = draft_->next_token_probabilities(
+            std::span<const token_id>(sequence.context.data(), sequence.context.size()));
+        draft_call_ = false;
+        const auto row = as_span(returned);
+        if (row.size() != vocab_size_) {
+          detail::throw_error(errc::invalid_size, "draft row ", i, ": has ", row.size(),
+                              " entries, expected the vocabulary size ", vocab_size_);
+        }
+        const std::size_t at = draft_rows_.size();
+        draft_rows_.resize(at + vocab_size_);
+        std::transform(row.begin(), row.end(),
+                       draft_rows_.begin() + static_cast<std::ptrdiff_t>(at),
+                       [](auto value) { return static_cast<value_type>(value); });
+        const token_id drafted =
+            sample_standardized(sequence.standardizer,
+                                std::span<const value_type>(draft_rows_.data() + at, vocab_size_),
+                                std::span<value_type>(scratch_), g);
+        sequence.context.push_back(drafted);
+        if (is_stop(sequence, drafted)) break;
+      }
+    } else {
+      sequence.context.resize(base + gamma);
+      draft_call_ = true;
+      const std::size_t proposed = static_cast<std::size_t>(
+          draft_->propose(std::span<const token_id>(sequence.context.data(), base),
+                          std::span<token_id>(sequence.context.data() + base, gamma)));
+      draft_call_ = false;
+      if (proposed > gamma) {
+        detail::throw_error(errc::invalid_size, "the drafter proposed ", proposed,
+                            " tokens, more than the ", gamma, " asked for");
+      }
+      sequence.context.resize(base + proposed);
+      for (std::size_t i = 0; i < proposed; ++i) {
+        const token_id token = sequence.context[base + i];
+        if (token < 0 || static_cast<std::size_t>(token) >= vocab_size_) {
+          detail::throw_error(errc::invalid_token, "draft token at position ", i, ": id ", token,
+                              " is outside [0, ", vocab_size_, ")");
+        }
+        if (is_stop(sequence, token)) {
+          sequence.context.resize(base + i + 1);
+          break;
+        }
+      }
+    }
+    return sequence.context.size() - base;
+  }
+
+  [[nodiscard]] static bool is_stop(const Active& sequence, token_id token) noexcept {
+    const auto& stops = sequence.request.stop_tokens;
+    return std::find(stops.begin(), stops.end(), token) != stops.end();
+  }
+
+  // The error that fails a sequence (called inside a catch handler): a specdec::error
+  // naming it; a model's own exception is nested inside an errc::model_failure.
+  std::exception_ptr wrap_failure(const Active& sequence) const {
+    try {
+      try {
+        throw;
+      } catch (const error& e) {
+        if (!draft_call_) throw error(e.code(), name(sequence) + ": " + detail::bare_message(e));
+        std::throw_with_nested(
+            error(errc::model_failure, name(sequence) + ": the draft model threw: " + e.what()));
+      } catch (const std::exception& e) {
+        std::throw_with_nested(
+            error(errc::model_failure, name(sequence) + ": the draft model threw: " + e.what()));
+      } catch (...) {
+        std::throw_with_nested(error(
+            errc::model_failure, name(sequence) + ": the draft model threw a non-std exception"));
+      }
+    } catch (...) {
+      return std::current_exception();
+    }
+  }
+
+  // Calls the target (or the draft), turning anything it throws into errc::model_failure
+  // with the exception nested.
+  template <class Call>
+  decltype(auto) call_target(Call&& call) {
+    try {
+      return std::forward<Call>(call)();
+    } catch (const std::exception& e) {
+      std::throw_with_nested(
+          error(errc::model_failure,
+                "batch step " + std::to_string(steps_) + ": the target model threw: " + e.what()));
+    } catch (...) {
+      std::throw_with_nested(error(
+          errc::model_failure,
+          "batch step " + std::to_string(steps_) + ": the target model threw a non-std exception"));
+    }
+  }
+
+  // The target rows of every sequence's drafted prefixes, in the batch's layout, in
+  // target_rows_ (copied from the model's results). Throws without changing any sequence.
+  void score_all() {
+    const std::size_t rows = draft_tokens_.size() + active_.size();
+    target_rows_.resize(rows * vocab_size_);
+    if constexpr (BatchScoringModel<Target>) {
+      requests_.clear();
+      for (std::size_t b = 0; b < active_.size(); ++b) {
+        requests_.push_back({std::span<const token_id>(active_[b].context),
+                             std::span<const token_id>(draft_tokens_)
+                                 .subspan(offsets_[b], offsets_[b + 1] - offsets_[b])});
+      }
+      auto&& returned = call_target([&]() -> decltype(auto) {
+        return target_->score_batch(std::span<const BatchScoreRequest>(requests_));
+      });
+      ++target_calls_;
+      copy_rows(as_rows(returned), 0, rows, "score_batch");
+    } else {
+      for (std::size_t b = 0; b < active_.size(); ++b) score_one(b);
+    }
+  }
+
+  // Rows of sequence b without batch scoring: score_draft, else one call per prefix.
+  void score_one(std::size_t b) {
+    const Active& sequence = active_[b];
+    const std::size_t first = offsets_[b] + b;
+    const auto drafts = std::span<const token_id>(draft_tokens_)
+                            .subspan(offsets_[b], offsets_[b + 1] - offsets_[b]);
+    if constexpr (BatchedLanguageModel<Target>) {
+      auto&& returned = call_target([&]() -> decltype(auto) {
+        return target_->score_draft(std::span<const token_id>(sequence.context), drafts);
+      });
+      ++target_calls_;
+      copy_rows(as_rows(returned), first, drafts.size() + 1, "score_draft");
+    } else {
+      prefix_.assign(sequence.context.begin(), sequence.context.end());
+      for (std::size_t i = 0; i <= drafts.size(); ++i) {
+        if (i > 0) prefix_.push_back(drafts[i - 1]);
+        auto&& returned = call_target([&]() -> decltype(auto) {
+          return target_->next_token_probabilities(std::span<const token_id>(prefix_));
+        });
+        ++target_calls_;
+        const auto row = as_span(returned);
+        copy_rows(RowsView<const typename decltype(row)::value_type>(row.data(), 1, row.size()),
+                  first + i, 1, "next_token_probabilities");
+      }
+    }
+  }
+
+  template <class U>
+  void copy_rows(RowsView<U> rows, std::size_t first, std::size_t count, std::string_view call) {
+    if (rows.rows() != count || rows.cols() != vocab_size_) {
+      detail::throw_error(errc::invalid_size, "batch step ", steps_, ": the target's ", call,
+                          " returned ", rows.rows(), " x ", rows.cols(), " entries, expected ",
+                          count, " x ", vocab_size_);
+    }
+    for (std::size_t i = 0; i < count; ++i) {
+      const auto row = rows.row(i);
+      std::transform(row.begin(), row.end(),
+                     target_rows_.begin() + static_cast<std::ptrdiff_t>((first + i) * vocab_size_),
+                     [](auto value) { return static_cast<value_type>(value); });
+    }
+  }
+
+  // Verifies the batch, appends each sequence's tokens (cut at a stop token and at
+  // max_new_tokens), and moves finished sequences out.
+  std::size_t verify_and_emit() {
+    const std::size_t sequences = active_.size();
+    options_buffer_.resize(sequences);
+    for (std::size_t b = 0; b < sequences; ++b) {
+      const Active& sequence = active_[b];
+      options_buffer_[b] = SequenceOptions{
+          sequence.request.sampling, 1.0, !draft_is_model,
+          StreamKey{sequence.request.seed, sequence.request.id, sequence.result.steps}};
+    }
+    const std::size_t drafts = draft_tokens_.size();
+    const RaggedBatch<value_type> batch{
+        draft_tokens_, offsets_,
+        RowsView<const value_type>(target_rows_.data(), drafts + sequences, vocab_size_),
+        RowsView<const value_type>(draft_rows_.data(), draft_is_model ? drafts : 0, vocab_size_)};
+    if (options_.validate_rows) {
+      try {
+        verifier_.verify_checked(batch, options_buffer_, out_);
+      } catch (const error&) {  // failed sequences are marked in out_
+      }
+    } else {
+      verifier_.verify(batch, options_buffer_, out_);
+    }
+    std::size_t emitted_total = 0;
+    std::size_t kept = 0;
+    for (std::size_t b = 0; b < sequences; ++b) {
+      Active& sequence = active_[b];
+      FinishedSequence& result = sequence.result;
+      std::exception_ptr failure = sequence.failure;
+      if (!failure && !out_.ok(b)) failure = out_.error(b);
+      bool finished = false;
+      if (failure) {
+        result.end = sequence_end::failed;
+        result.error = failure;
+        finished = true;
+      } else {
+        const std::span<const token_id> tokens = out_.emitted(b);
+        std::size_t take =
+            std::min(tokens.size(), sequence.request.max_new_tokens - result.tokens.size());
+        for (std::size_t k = 0; k < take; ++k) {
+          if (is_stop(sequence, tokens[k])) {
+            take = k + 1;
+            result.end = sequence_end::stop_token;
+            finished = true;
+            break;
+          }
+        }
+        result.tokens.insert(result.tokens.end(), tokens.begin(),
+                             tokens.begin() + static_cast<std::ptrdiff_t>(take));
+        sequence.context.insert(sequence.context.end(), tokens.begin(),
+                                tokens.begin() + static_cast<std::ptrdiff_t>(take));
+        ++result.steps;
+        result.drafted += batch.drafted(b);
+        result.accepted += out_.result(b).accepted;
+        emitted_total += take;
+        if (result.tokens.size() >= sequence.request.max_new_tokens && !finished) {
+          result.end = sequence_end::max_new_tokens;
+          finished = true;
+        }
+        if (options_.on_tokens && take > 0) {
+          options_.on_tokens(sequence.request.id, std::span<const token_id>(tokens.data(), take));
+        }
+      }
+      if (finished) {
+        result.id = sequence.request.id;
+        finished_.push_back(std::move(result));
+      } else {
+        if (kept != b) active_[kept] = std::move(active_[b]);
+        ++kept;
+      }
+    }
+    active_.resize(kept);
+    return emitted_total;
+  }
+
+  Target* target_;
+  Draft* draft_;
+  BatchDecoderOptions options_;
+  BatchVerifier<value_type> verifier_;
+  std::size_t vocab_size_;
+  std::vector<Active> active_;
+  std::vector<FinishedSequence> finished_;
+  std::size_t target_calls_ = 0;
+  std::size_t steps_ = 0;
+  // One step's batch.
+  std::vector<std::size_t> offsets_;
+  std::vector<token_id> draft_tokens_;
+  std::vector<value_type> draft_rows_;
+  std::vector<value_type> target_rows_;
+  std::vector<value_type> scratch_;
+  std::vector<BatchScoreRequest> requests_;
+  std::vector<SequenceOptions> options_buffer_;
+  std::vector<token_id> prefix_;  // a prefix scored alone
+  BatchVerification out_;
+  bool draft_call_ = false;  // inside a draft model call (its exceptions are the model's)
+};
+
+}  // namespace specdec
