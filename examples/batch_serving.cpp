@@ -73,7 +73,7 @@ int main() {
       request.max_new_tokens = 24;
       request.seed = 42;
       request.sampling.temperature = next_id % 3 == 0 ? 0.0 : 0.8;  // some greedy requests
-      request.gamma = 2 + next_id % 4;
+      request.gamma_policy = specdec::FixedGamma(2 + next_id % 4);
       request.stop_tokens = {31};
       decoder.add(request);
     }

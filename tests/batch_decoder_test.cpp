@@ -130,12 +130,22 @@ SequenceRequest request(std::uint64_t id, std::size_t length, const SamplingOpti
   r.max_new_tokens = length;
   r.seed = 2026;
   r.sampling = sampling;
-  r.gamma = gamma;
+  r.gamma_policy = specdec::FixedGamma(gamma);
   return r;
 }
 
-/// Decodes `count` sequences of `length` tokens, `wave` of them joining every step (continuous
-/// batching); returns their tokens by id.
+/// request() with a gamma policy chosen by id: fixed 1..4, additive, or a confidence stop
+/// (which reads the draft's top probability) over fixed 4.
+SequenceRequest mixed_request(std::uint64_t id, std::size_t length,
+                              const SamplingOptions& sampling) {
+  SequenceRequest r = request(id, length, sampling, 1 + id % 4);
+  if (id % 3 == 1) r.gamma_policy = specdec::AdditiveGamma();
+  if (id % 3 == 2) r.gamma_policy = specdec::ConfidenceStop(0.4, 4);
+  return r;
+}
+
+/// Decodes `count` sequences of `length` tokens (mixed_request), `wave` of them joining
+/// every step (continuous batching); returns their tokens by id.
 template <class Decoder>
 std::map<std::uint64_t, std::vector<token_id>> decode_all(Decoder& decoder, std::size_t count,
                                                           std::size_t length,
@@ -146,7 +156,7 @@ std::map<std::uint64_t, std::vector<token_id>> decode_all(Decoder& decoder, std:
   while (next < count || decoder.active() > 0) {
     for (std::size_t k = 0; k < wave && next < count; ++k) {
       const std::uint64_t id = next++;
-      decoder.add(request(id, length, sampling, 1 + id % 4));
+      decoder.add(mixed_request(id, length, sampling));
     }
     decoder.step();
     for (auto& done : decoder.take_finished()) {
@@ -212,7 +222,7 @@ TEST_CASE("BatchDecoder: a sequence's tokens do not depend on the batch, joining
     BatchMarkov target(target_chain);
     MarkovModel<double> draft = draft_chain;
     BatchDecoder decoder(target, draft, {.threads = 1, .parallel_threshold = 0});
-    decoder.add(request(id, 20, sampling, 1 + id % 4));
+    decoder.add(mixed_request(id, 20, sampling));
     decoder.run();
     alone[id] = decoder.take_finished().at(0).tokens;
   }
@@ -249,7 +259,7 @@ TEST_CASE("BatchDecoder: greedy sequences emit plain greedy decoding",
   }
 }
 
-TEST_CASE("BatchDecoder: stop tokens and max_new_tokens", "[batch_decoder]") {
+TEST_CASE("BatchDecoder: stop tokens, stop sequences and max_new_tokens", "[batch_decoder]") {
   constexpr std::size_t vocab = 8;
   const auto target_chain = specdec::testing::make_markov_target(vocab, 1, 41);
   const auto draft_chain = specdec::testing::make_markov_draft(target_chain, 42);
@@ -265,30 +275,51 @@ TEST_CASE("BatchDecoder: stop tokens and max_new_tokens", "[batch_decoder]") {
   for (std::uint64_t id = 0; id < 40; ++id) {
     auto r = request(id, 1 + id % 13, SamplingOptions{}, 4);
     r.stop_tokens = {3};
+    r.stop_sequences = {{1, 2}, {5, 5, 5}};
     decoder.add(r);
   }
   decoder.run();
   const auto done = decoder.take_finished();
   REQUIRE(done.size() == 40);
   std::size_t stopped = 0;
+  std::size_t ended_by_sequence = 0;
   for (const FinishedSequence& f : done) {
     INFO("sequence " << f.id);
     const std::size_t limit = 1 + f.id % 13;
     CHECK(f.tokens == streamed[f.id]);
     const auto stop = std::find(f.tokens.begin(), f.tokens.end(), 3);
+    // The first prefix that ends with a stop sequence (its length, 0 if none).
+    std::size_t sequence_end_at = 0;
+    for (std::size_t k = 1; k <= f.tokens.size() && sequence_end_at == 0; ++k) {
+      for (const std::vector<token_id>& s : {std::vector<token_id>{1, 2}, {5, 5, 5}}) {
+        if (k >= s.size() &&
+            std::equal(s.begin(), s.end(),
+                       f.tokens.begin() + static_cast<std::ptrdiff_t>(k - s.size()))) {
+          sequence_end_at = k;
+        }
+      }
+    }
     if (f.end == specdec::sequence_end::stop_token) {
       ++stopped;
       CHECK(stop == f.tokens.end() - 1);  // the stop token ends the output
+      CHECK(sequence_end_at == 0);
+      CHECK(f.tokens.size() <= limit);
+    } else if (f.end == specdec::sequence_end::stop_sequence) {
+      ++ended_by_sequence;
+      CHECK(sequence_end_at == f.tokens.size());  // the first completed stop sequence ends it
+      CHECK(stop == f.tokens.end());
       CHECK(f.tokens.size() <= limit);
     } else {
       CHECK(f.end == specdec::sequence_end::max_new_tokens);
       CHECK(f.tokens.size() == limit);
       CHECK(stop == f.tokens.end());
+      CHECK(sequence_end_at == 0);
     }
     CHECK(f.accepted <= f.drafted);
   }
   CHECK(stopped > 0);
-  CHECK(stopped < 40);
+  CHECK(ended_by_sequence > 0);
+  CHECK(stopped + ended_by_sequence < 40);
 }
 
 TEST_CASE("B10 BatchDecoder::add: a request out of range adds nothing", "[batch_decoder][errors]") {
@@ -301,9 +332,24 @@ TEST_CASE("B10 BatchDecoder::add: a request out of range adds nothing", "[batch_
   check_error(
       "B10", [&] { decoder.add(bad); }, errc::invalid_option,
       "sequence 7: sampling option top_p = 0 must be in (0, 1]");
+  struct Policy {  // a GammaPolicy whose answers the test sets
+    std::size_t gamma = 0;
+    bool timed = false;
+    [[nodiscard]] std::size_t next_gamma() const { return gamma; }
+    [[nodiscard]] bool continue_drafting(double, std::size_t) const { return true; }
+    void observe(const specdec::StepFeedback&) {}
+    [[nodiscard]] bool needs_timing() const { return timed; }
+  };
+  auto timed = request(7, 5, {});
+  timed.gamma_policy = Policy{4, true};
   check_error(
-      "B10", [&] { decoder.add(request(7, 5, {}, 0)); }, errc::invalid_option,
-      "sequence 7: gamma must be >= 1");
+      "B10", [&] { decoder.add(timed); }, errc::invalid_option,
+      "sequence 7: gamma_policy needs timing, which the batch decoder does not measure");
+  auto zero = request(7, 5, {});
+  zero.gamma_policy = Policy{0, false};
+  check_error(
+      "B10", [&] { decoder.add(zero); }, errc::invalid_option,
+      "sequence 7: gamma_policy: next_gamma() is 0, must be >= 1");
   check_error(
       "B10", [&] { decoder.add(request(7, 0, {})); }, errc::invalid_option,
       "sequence 7: max_new_tokens must be >= 1");
@@ -312,6 +358,16 @@ TEST_CASE("B10 BatchDecoder::add: a request out of range adds nothing", "[batch_
   check_error(
       "B10", [&] { decoder.add(stop); }, errc::invalid_option,
       "sequence 7: stop token 4 is outside [0, 4)");
+  auto empty = request(7, 5, {});
+  empty.stop_sequences = {{1}, {}};
+  check_error(
+      "B10", [&] { decoder.add(empty); }, errc::invalid_option,
+      "sequence 7: stop_sequences[1] is empty");
+  auto outside = request(7, 5, {});
+  outside.stop_sequences = {{1, 6}};
+  check_error(
+      "B10", [&] { decoder.add(outside); }, errc::invalid_option,
+      "sequence 7: stop_sequences[0]: token 6 is outside [0, 4)");
   auto prompt = request(7, 5, {});
   prompt.prompt = {1, 9};
   check_error(
@@ -446,4 +502,32 @@ TEST_CASE("B12 BatchDecoder: a failing target call changes nothing", "[batch_dec
     return tokens;
   };
   CHECK(decode(true) == decode(false));
+}
+
+TEST_CASE("BatchDecoder: each sequence's gamma policy sets its drafts", "[batch_decoder]") {
+  // The draft is the target itself (every draft accepted at T = 1): fixed 4 takes 20 steps
+  // for 100 tokens; additive (4, 6, 8, ... 16) takes 9; a confidence stop at 1 (the top
+  // probability of these rows is below 1) drafts one token per step.
+  const auto chain = specdec::testing::make_markov_target(8, 1, 81);
+  BatchMarkov target(chain);
+  MarkovModel<double> draft = chain;
+  BatchDecoder decoder(target, draft, {.threads = 2, .parallel_threshold = 0});
+  auto fixed = request(0, 100, {}, 4);
+  auto additive = request(1, 100, {});
+  additive.gamma_policy = specdec::AdditiveGamma();
+  auto confident = request(2, 100, {});
+  confident.gamma_policy = specdec::ConfidenceStop(1.0, 4);
+  decoder.add(fixed);
+  decoder.add(additive);
+  decoder.add(confident);
+  decoder.run();
+  std::map<std::uint64_t, FinishedSequence> done;
+  for (auto& f : decoder.take_finished()) done[f.id] = std::move(f);
+  REQUIRE(done.size() == 3);
+  CHECK(done[0].steps == 20);
+  CHECK(done[0].accepted == 80);
+  CHECK(done[1].steps == 9);
+  CHECK(done[1].drafted == 91);
+  CHECK(done[2].drafted == 50);  // one draft a step, accepted: 2 tokens a step
+  CHECK(done[2].steps == 50);
 }

@@ -30,6 +30,7 @@
 #include "specdec/batch_verification.hpp"
 #include "specdec/concepts.hpp"
 #include "specdec/error.hpp"
+#include "specdec/gamma_policy.hpp"
 #include "specdec/random.hpp"
 #include "specdec/rows.hpp"
 #include "specdec/sampling.hpp"
@@ -65,15 +66,22 @@ struct SequenceRequest {
   std::vector<token_id> prompt{};  ///< the context before the first generated token
   std::size_t max_new_tokens = 64;
   std::uint64_t seed = 0;
-  SamplingOptions sampling{};           ///< applied alike to its p and q rows (T = 0: greedy)
-  std::size_t gamma = 4;                ///< drafts per step (fewer near max_new_tokens)
+  SamplingOptions sampling{};  ///< applied alike to its p and q rows (T = 0: greedy)
+  /// Drafts per step (fewer near max_new_tokens): any GammaPolicy, observed after each of
+  /// the sequence's steps; FixedGamma{4} by default. Policies that need timing are rejected
+  /// (the batch decoder does not time sequences one by one).
+  AnyGammaPolicy gamma_policy{};
   std::vector<token_id> stop_tokens{};  ///< generation ends after emitting one of these
+  /// Generation ends right after its generated tokens end with one of these (non-empty;
+  /// the prompt is not matched).
+  std::vector<std::vector<token_id>> stop_sequences{};
 };
 
 /// Why a sequence left the batch.
 enum class sequence_end : std::uint8_t {
   max_new_tokens,  ///< it generated max_new_tokens tokens
   stop_token,      ///< it emitted one of its stop tokens (the last token of its output)
+  stop_sequence,   ///< its output ends with one of its stop sequences
   failed,          ///< an error of its own (its model rows, its draft model); see error
 };
 
@@ -131,7 +139,8 @@ class BatchDecoder {
   }
 
   /// Adds a sequence; it takes part from the next step. Throws specdec::error, adding
-  /// nothing: errc::invalid_option for sampling options out of range, gamma 0, max_new_tokens
+  /// nothing: errc::invalid_option for sampling options out of range, a gamma policy starting
+  /// at 0 or needing timing, max_new_tokens
   /// 0, an id already active, or a stop token outside [0, V); errc::invalid_token for a
   /// prompt token outside [0, V).
   void add(SequenceRequest request) {
@@ -141,8 +150,14 @@ class BatchDecoder {
     } catch (const error& e) {
       throw error(e.code(), where + detail::bare_message(e));
     }
-    if (request.gamma == 0) {
-      detail::throw_error(errc::invalid_option, where, "gamma must be >= 1");
+    if (request.gamma_policy.next_gamma() == 0) {
+      detail::throw_error(errc::invalid_option, where,
+                          "gamma_policy: next_gamma() is 0, must be >= 1");
+    }
+    if (request.gamma_policy.needs_timing()) {
+      detail::throw_error(errc::invalid_option, where,
+                          "gamma_policy needs timing, which the batch decoder does not measure "
+                          "per sequence");
     }
     if (request.max_new_tokens == 0) {
       detail::throw_error(errc::invalid_option, where, "max_new_tokens must be >= 1");
@@ -156,6 +171,18 @@ class BatchDecoder {
       if (token < 0 || static_cast<std::size_t>(token) >= vocab_size_) {
         detail::throw_error(errc::invalid_option, where, "stop token ", token, " is outside [0, ",
                             vocab_size_, ")");
+      }
+    }
+    for (std::size_t s = 0; s < request.stop_sequences.size(); ++s) {
+      const auto& stop = request.stop_sequences[s];
+      if (stop.empty()) {
+        detail::throw_error(errc::invalid_option, where, "stop_sequences[", s, "] is empty");
+      }
+      for (const token_id token : stop) {
+        if (token < 0 || static_cast<std::size_t>(token) >= vocab_size_) {
+          detail::throw_error(errc::invalid_option, where, "stop_sequences[", s, "]: token ", token,
+                              " is outside [0, ", vocab_size_, ")");
+        }
       }
     }
     for (std::size_t j = 0; j < request.prompt.size(); ++j) {
@@ -231,7 +258,7 @@ class BatchDecoder {
     for (Active& sequence : active_) {
       sequence.failure = nullptr;
       const std::size_t remaining = sequence.request.max_new_tokens - sequence.result.tokens.size();
-      const std::size_t gamma = std::min(sequence.request.gamma, remaining - 1);
+      const std::size_t gamma = std::min(sequence.request.gamma_policy.next_gamma(), remaining - 1);
       const std::size_t base = sequence.context.size();
       try {
         sequence.drafted = draft_one(sequence, gamma);
@@ -258,6 +285,8 @@ class BatchDecoder {
       const StreamKey key{sequence.request.seed, sequence.request.id, sequence.result.steps};
       xoshiro256pp g = stream_engine(key, stream_purpose::draft);
       scratch_.resize(vocab_size_);
+      const AnyGammaPolicy& policy = sequence.request.gamma_policy;
+      const bool wants_top = policy.needs_top_probability();
       for (std::size_t i = 0; i < gamma; ++i) {
         draft_call_ = true;
         auto&& returned = draft_->next_token_probabilities(
@@ -273,12 +302,14 @@ class BatchDecoder {
         std::transform(row.begin(), row.end(),
                        draft_rows_.begin() + static_cast<std::ptrdiff_t>(at),
                        [](auto value) { return static_cast<value_type>(value); });
-        const token_id drafted =
-            sample_standardized(sequence.standardizer,
-                                std::span<const value_type>(draft_rows_.data() + at, vocab_size_),
-                                std::span<value_type>(scratch_), g);
+        double top_probability = 1.0;
+        const token_id drafted = sample_standardized(
+            sequence.standardizer,
+            std::span<const value_type>(draft_rows_.data() + at, vocab_size_),
+            std::span<value_type>(scratch_), g, wants_top ? &top_probability : nullptr);
         sequence.context.push_back(drafted);
         if (is_stop(sequence, drafted)) break;
+        if (i + 1 < gamma && !policy.continue_drafting(top_probability, i + 1)) break;
       }
     } else {
       sequence.context.resize(base + gamma);
@@ -298,13 +329,34 @@ class BatchDecoder {
           detail::throw_error(errc::invalid_token, "draft token at position ", i, ": id ", token,
                               " is outside [0, ", vocab_size_, ")");
         }
-        if (is_stop(sequence, token)) {
+        if (is_stop(sequence, token) ||
+            (i + 1 < proposed && !sequence.request.gamma_policy.continue_drafting(1.0, i + 1))) {
           sequence.context.resize(base + i + 1);
           break;
         }
       }
     }
     return sequence.context.size() - base;
+  }
+
+  // Whether the generated tokens followed by `fresh` end with one of the stop sequences.
+  [[nodiscard]] static bool ends_with_stop_sequence(const Active& sequence,
+                                                    std::span<const token_id> fresh) noexcept {
+    const std::vector<token_id>& generated = sequence.result.tokens;
+    for (const auto& stop : sequence.request.stop_sequences) {
+      if (stop.size() > generated.size() + fresh.size()) continue;
+      bool match = true;
+      for (std::size_t j = 0; j < stop.size() && match; ++j) {
+        // Position j of the stop sequence against the j-th of the last stop.size() tokens.
+        const std::size_t from_end = stop.size() - j;  // 1 = the last token
+        const token_id token = from_end <= fresh.size()
+                                   ? fresh[fresh.size() - from_end]
+                                   : generated[generated.size() - (from_end - fresh.size())];
+        match = token == stop[j];
+      }
+      if (match) return true;
+    }
+    return false;
   }
 
   [[nodiscard]] static bool is_stop(const Active& sequence, token_id token) noexcept {
@@ -462,6 +514,12 @@ class BatchDecoder {
             finished = true;
             break;
           }
+          if (ends_with_stop_sequence(sequence, tokens.first(k + 1))) {
+            take = k + 1;
+            result.end = sequence_end::stop_sequence;
+            finished = true;
+            break;
+          }
         }
         result.tokens.insert(result.tokens.end(), tokens.begin(),
                              tokens.begin() + static_cast<std::ptrdiff_t>(take));
@@ -470,6 +528,8 @@ class BatchDecoder {
         ++result.steps;
         result.drafted += batch.drafted(b);
         result.accepted += out_.result(b).accepted;
+        sequence.request.gamma_policy.observe(
+            StepFeedback{batch.drafted(b), out_.result(b).accepted, 0.0, 0.0});
         emitted_total += take;
         if (result.tokens.size() >= sequence.request.max_new_tokens && !finished) {
           result.end = sequence_end::max_new_tokens;

@@ -198,15 +198,29 @@ class BatchVerification {
 
 /// A draft token for a sequence, sampled from its q standardized exactly as BatchVerifier
 /// standardizes it (greedy: the argmax; T = 1 without truncation: q as given). `scratch` has
-/// the row's size. Drafts an engine samples this way, with stream_engine(key,
-/// stream_purpose::draft), make batch verification exact.
+/// the row's size. `top_probability`, if given, receives the largest standardized
+/// probability (what a gamma policy's continue_drafting reads). Drafts an engine samples this way,
+/// with stream_engine(key, stream_purpose::draft), make batch verification exact.
 template <ProbabilityScalar T, std::uniform_random_bit_generator G>
 [[nodiscard]] token_id sample_standardized(Standardizer<T>& standardizer, std::span<const T> row,
-                                           std::span<T> scratch, G& g) {
+                                           std::span<T> scratch, G& g,
+                                           double* top_probability = nullptr) {
   SPECDEC_ASSERT(scratch.size() == row.size());
-  if (standardizer.greedy()) return argmax(row);
-  if (standardizer.identity()) return sample_from_row(row, g);
-  standardizer.apply(row, scratch);
+  if (standardizer.greedy()) {
+    const token_id best = argmax(row);
+    if (top_probability != nullptr) {
+      *top_probability = static_cast<double>(row[static_cast<std::size_t>(best)]);
+    }
+    return best;
+  }
+  if (standardizer.identity()) {
+    if (top_probability != nullptr) {
+      *top_probability = static_cast<double>(detail::max_entry(row.data(), row.size()));
+    }
+    return sample_from_row(row, g);
+  }
+  const double top = standardizer.apply(row, scratch);
+  if (top_probability != nullptr) *top_probability = top;
   return sample_from_row(std::span<const T>(scratch), g);
 }
 
