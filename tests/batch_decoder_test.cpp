@@ -531,3 +531,32 @@ TEST_CASE("BatchDecoder: each sequence's gamma policy sets its drafts", "[batch_
   CHECK(done[2].drafted == 50);  // one draft a step, accepted: 2 tokens a step
   CHECK(done[2].steps == 50);
 }
+
+TEST_CASE("BatchDecoder: a throwing on_tokens callback loses no token", "[batch_decoder][errors]") {
+  // The callback throws once, for sequence 3's first tokens: step() throws the callback's
+  // exception, unchanged, after the step is complete; decoding then goes on, and every
+  // sequence's output is that of a run whose callback never throws.
+  const auto target_chain = specdec::testing::make_markov_target(8, 1, 91);
+  const auto draft_chain = specdec::testing::make_markov_draft(target_chain, 92);
+  const auto decode = [&](bool throw_once) {
+    BatchMarkov target(target_chain);
+    MarkovModel<double> draft = draft_chain;
+    bool armed = throw_once;
+    BatchDecoder decoder(target, draft,
+                         {.threads = 2,
+                          .parallel_threshold = 0,
+                          .on_tokens = [&](std::uint64_t id, std::span<const token_id>) {
+                            if (armed && id == 3) {
+                              armed = false;
+                              throw std::runtime_error("client went away");
+                            }
+                          }});
+    for (std::uint64_t id = 0; id < 6; ++id) decoder.add(request(id, 10, {}, 3));
+    if (throw_once) CHECK_THROWS_AS(decoder.step(), std::runtime_error);
+    decoder.run();
+    std::map<std::uint64_t, std::vector<token_id>> tokens;
+    for (auto& f : decoder.take_finished()) tokens[f.id] = f.tokens;
+    return tokens;
+  };
+  CHECK(decode(true) == decode(false));
+}

@@ -106,7 +106,9 @@ struct BatchDecoderOptions {
   /// Validate every row a step reads (BatchVerifier::verify_checked): a sequence with a bad
   /// row fails alone. Off: rows are preconditions.
   bool validate_rows = true;
-  /// Called after every step for each sequence that emitted tokens, with its id and them.
+  /// Called after every step for each sequence that emitted tokens, with its id and them,
+  /// once the step is complete (an exception from it propagates out of step(), every
+  /// sequence's tokens already in place; the step's later callbacks are skipped).
   std::function<void(std::uint64_t id, std::span<const token_id> tokens)> on_tokens{};
 };
 
@@ -493,6 +495,7 @@ class BatchDecoder {
     }
     std::size_t emitted_total = 0;
     std::size_t kept = 0;
+    streamed_.clear();
     for (std::size_t b = 0; b < sequences; ++b) {
       Active& sequence = active_[b];
       FinishedSequence& result = sequence.result;
@@ -535,9 +538,7 @@ class BatchDecoder {
           result.end = sequence_end::max_new_tokens;
           finished = true;
         }
-        if (options_.on_tokens && take > 0) {
-          options_.on_tokens(sequence.request.id, std::span<const token_id>(tokens.data(), take));
-        }
+        if (take > 0) streamed_.push_back({sequence.request.id, tokens.first(take)});
       }
       if (finished) {
         result.id = sequence.request.id;
@@ -548,6 +549,11 @@ class BatchDecoder {
       }
     }
     active_.resize(kept);
+    // The step is complete before any callback runs: a callback that throws leaves every
+    // sequence's tokens in place (later callbacks of this step are skipped).
+    if (options_.on_tokens) {
+      for (const auto& [id, tokens] : streamed_) options_.on_tokens(id, tokens);
+    }
     return emitted_total;
   }
 
@@ -569,6 +575,7 @@ class BatchDecoder {
   std::vector<BatchScoreRequest> requests_;
   std::vector<SequenceOptions> options_buffer_;
   std::vector<token_id> prefix_;  // a prefix scored alone
+  std::vector<std::pair<std::uint64_t, std::span<const token_id>>> streamed_;  // for on_tokens
   BatchVerification out_;
   bool draft_call_ = false;  // inside a draft model call (its exceptions are the model's)
 };
