@@ -111,8 +111,9 @@ struct StreamKey {
 enum class stream_purpose : std::uint64_t { verify = 0, draft = 1 };
 
 /// The generator of one stream: an xoshiro256pp whose 256-bit state is the SplitMix64
-/// finaliser (a bijection of 64-bit words) of each part of the key, of the purpose and of
-/// their mix. Distinct keys give distinct states; the state is never all zero. A pure
+/// finaliser (a bijection of 64-bit words) of each part of the key, then of the purpose
+/// mixed with all of them. Distinct keys or purposes give distinct states; the state is
+/// never all zero. A pure
 /// function of its arguments: no shared counter, no dependence on call order.
 [[nodiscard]] constexpr xoshiro256pp stream_engine(
     const StreamKey& key, stream_purpose purpose = stream_purpose::verify) noexcept {
