@@ -1,6 +1,6 @@
 // libFuzzer harness: the checked verification entry points of the exact core
 // (verify_speculative_checked, verify_speculative_proposals_checked, verify_greedy_checked,
-// verify_tree_checked, verify_tree_greedy_checked,
+// verify_tree_checked, verify_tree_greedy_checked, BatchVerifier::verify_checked,
 // validate_probability_row, validate_token) and the samplers that must never leave [0, V)
 // (sample_from_row, sample_residual, sample_residual_one_hot, residual_distribution), fed
 // V, gamma, rows and draft tokens decoded from arbitrary bytes: NaN, Inf, negatives,
@@ -16,14 +16,18 @@
 //    a correction has p(t) > q(t) (one-hot drafts: t != x_{n+1}); greedy results equal a
 //    reference argmax; the checked and unchecked paths agree for equal seeds;
 //  - the samplers return tokens in [0, V) for any row, however malformed.
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "fuzz_support.hpp"
+#include "specdec/batch_verification.hpp"
 #include "specdec/draft_tree.hpp"
 #include "specdec/error.hpp"
 #include "specdec/greedy_verification.hpp"
@@ -53,6 +57,7 @@ enum class entry_point : std::uint8_t {
   validate_row,
   samplers,
   tree,
+  batch,
   count
 };
 
@@ -496,6 +501,158 @@ void fuzz_samplers(FuzzedDataProvider& in) {
   }
 }
 
+// A ragged batch of up to 6 sequences (BatchVerifier::verify_checked): per-sequence options
+// (every kind, some out of range), proposals or model drafts, rows and tokens as above, and
+// rare layout mutations. Invariants: a mutated layout (or V = 0) throws before verifying; a
+// sequence fails iff it has a problem of its own, with a code among its problems; a verified
+// sequence gives 0 <= n <= n_b and t in [0, V), and the same result verified alone.
+template <class T>
+void fuzz_batch(FuzzedDataProvider& in) {
+  const std::size_t vocab = std::min<std::size_t>(pick_vocab(in), 300);
+  const std::size_t sequences = in.ConsumeIntegralInRange<std::size_t>(0, 6);
+  const bool with_draft_rows = in.ConsumeIntegralInRange<int>(0, 7) != 0;
+  std::vector<std::size_t> offsets{0};
+  std::vector<token_id> drafts;
+  std::vector<T> target;
+  std::vector<T> draft;
+  std::vector<specdec::SequenceOptions> options;
+  std::vector<std::vector<errc>> problems(sequences);
+  std::vector<char> ambiguous(sequences, 0);
+  const std::uint64_t seed = in.ConsumeIntegral<std::uint64_t>();
+  for (std::size_t b = 0; b < sequences; ++b) {
+    const std::size_t n = in.ConsumeIntegralInRange<std::size_t>(0, 4);
+    specdec::SequenceOptions o;
+    o.stream = {seed, b, 0};
+    switch (in.ConsumeIntegralInRange<int>(0, 8)) {
+      case 1:
+        o.sampling.temperature = 0.7;
+        break;
+      case 2:
+        o.sampling.top_k = in.ConsumeIntegralInRange<std::size_t>(1, vocab + 1);
+        o.sampling.temperature = 1.3;
+        break;
+      case 3:
+        o.sampling.top_p = 0.6;
+        break;
+      case 4:
+        o.sampling.min_p = 0.2;
+        break;
+      case 5:
+        o.sampling.temperature = 0.0;
+        break;
+      case 6:
+        o.sampling.top_p = 0.0;  // out of range
+        break;
+      case 7:
+        o.sampling.temperature = specdec::fuzzing::special_value<double>(in);
+        break;
+      default:
+        break;
+    }
+    const std::uint8_t lenience_kind = in.ConsumeIntegral<std::uint8_t>();
+    if (lenience_kind >= 224) o.lenience = lenience_kind >= 240 ? 0.0 : 0.5;
+    o.proposals = in.ConsumeIntegralInRange<int>(0, 3) == 0;
+    const std::vector<T> p = make_rows<T>(in, n + 1, vocab);
+    const std::vector<T> q = make_rows<T>(in, n, vocab);
+    const std::vector<token_id> tokens = make_tokens<T>(in, n, vocab, &q, vocab);
+    // This sequence's problems, in verify_checked's order.
+    bool options_valid = true;
+    try {
+      o.sampling.validate();
+    } catch (const specdec::error&) {
+      options_valid = false;
+      problems[b].push_back(errc::invalid_option);
+    }
+    if (!(o.lenience > 0.0 && o.lenience <= 1.0)) problems[b].push_back(errc::domain);
+    const bool greedy = options_valid && o.sampling.greedy();
+    bool unclear = false;
+    const double tolerance =
+        greedy ? std::numeric_limits<double>::infinity() : specdec::default_sum_tolerance<T>;
+    for (std::size_t i = 0; i <= n; ++i) {
+      const std::span<const T> row(p.data() + i * vocab, vocab);
+      if (const auto code = expected_row_error(row, vocab, tolerance, unclear)) {
+        problems[b].push_back(*code);
+      }
+    }
+    if (!greedy && !o.proposals && n > 0) {
+      if (!with_draft_rows) problems[b].push_back(errc::invalid_size);
+      add_row_errors(problems[b], unclear, q, n, vocab, vocab);
+    }
+    for (const token_id token : tokens) {
+      if (!token_in_range(token, vocab)) problems[b].push_back(errc::invalid_token);
+    }
+    ambiguous[b] = unclear ? 1 : 0;
+    drafts.insert(drafts.end(), tokens.begin(), tokens.end());
+    offsets.push_back(drafts.size());
+    target.insert(target.end(), p.begin(), p.end());
+    draft.insert(draft.end(), q.begin(), q.end());
+    options.push_back(o);
+  }
+  // Rare layout mutations.
+  std::size_t target_count = drafts.size() + sequences;
+  const std::size_t draft_count = with_draft_rows ? drafts.size() : 0;
+  bool layout_error = sequences > 0 && vocab == 0;
+  const std::uint8_t shape = in.ConsumeIntegral<std::uint8_t>();
+  if (shape >= 240 && sequences > 0) {
+    layout_error = true;
+    switch (shape % 4) {
+      case 0:
+        offsets.back() += 1;
+        break;
+      case 1:
+        target_count -= 1;
+        break;
+      case 2:
+        offsets.front() = 1;
+        break;
+      default:
+        options.pop_back();
+        break;
+    }
+  }
+  const specdec::RaggedBatch<T> batch{drafts, offsets,
+                                      RowsView<const T>(target.data(), target_count, vocab),
+                                      RowsView<const T>(draft.data(), draft_count, vocab)};
+  specdec::BatchVerifier<T> verifier(1);
+  specdec::BatchVerification out;
+  try {
+    verifier.verify_checked(batch, options, out);
+  } catch (const specdec::error& e) {
+    if (layout_error) {
+      check_error(e, {errc::invalid_size, errc::vocab_mismatch});
+      return;
+    }
+    const std::string what = e.what();
+    SPECDEC_FUZZ_CHECK(what.find(": sequence ") != std::string::npos);
+  }
+  SPECDEC_FUZZ_CHECK(!layout_error);
+  SPECDEC_FUZZ_CHECK(out.size() == sequences);
+  for (std::size_t b = 0; b < sequences; ++b) {
+    if (!out.ok(b)) {
+      SPECDEC_FUZZ_CHECK(!problems[b].empty() || ambiguous[b] != 0);
+      try {
+        std::rethrow_exception(out.error(b));
+      } catch (const specdec::error& e) {
+        if (!problems[b].empty()) check_error(e, problems[b]);
+      }
+      continue;
+    }
+    SPECDEC_FUZZ_CHECK(problems[b].empty());
+    const specdec::VerificationResult& result = out.result(b);
+    SPECDEC_FUZZ_CHECK(result.accepted <= batch.drafted(b));
+    SPECDEC_FUZZ_CHECK(token_in_range(result.token, vocab));
+    SPECDEC_FUZZ_CHECK(out.emitted(b).size() == result.accepted + 1);
+    // The same result verified alone.
+    const std::vector<std::size_t> one{0, batch.drafted(b)};
+    const specdec::RaggedBatch<T> alone{
+        batch.drafts(b), one, batch.target(b),
+        with_draft_rows ? batch.draft(b) : RowsView<const T>(draft.data(), 0, vocab)};
+    specdec::BatchVerification single;
+    verifier.verify(alone, std::span<const specdec::SequenceOptions>(&options[b], 1), single);
+    SPECDEC_FUZZ_CHECK(single.result(0) == result);
+  }
+}
+
 template <class T>
 void run(FuzzedDataProvider& in, entry_point entry) {
   switch (entry) {
@@ -514,6 +671,9 @@ void run(FuzzedDataProvider& in, entry_point entry) {
     case entry_point::tree:
       fuzz_tree<T>(in);
       break;
+    case entry_point::batch:
+      fuzz_batch<T>(in);
+      break;
     case entry_point::samplers:
     case entry_point::count:
       fuzz_samplers<T>(in);
@@ -526,10 +686,11 @@ void run(FuzzedDataProvider& in, entry_point entry) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   FuzzedDataProvider in(data, size);
   const auto selector = in.ConsumeIntegral<std::uint8_t>();
-  // Selectors >= 240 drive token trees (added last; the other entry points keep the
-  // mapping the seed corpus was made with: selector / 2 mod 5).
-  const auto entry =
-      selector >= 240 ? entry_point::tree : static_cast<entry_point>((selector >> 1U) % 5U);
+  // Selectors >= 240 drive token trees and 224-239 ragged batches (added last; the other
+  // entry points keep the mapping the seed corpus was made with: selector / 2 mod 5).
+  const auto entry = selector >= 240   ? entry_point::tree
+                     : selector >= 224 ? entry_point::batch
+                                       : static_cast<entry_point>((selector >> 1U) % 5U);
   if ((selector & 1U) == 0) {
     run<float>(in, entry);
   } else {
