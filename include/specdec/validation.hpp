@@ -7,6 +7,7 @@
 //   "specdec: invalid_probability: target row 2 (step 7): entry for token 17 is NaN".
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <limits>
@@ -15,6 +16,7 @@
 #include <string_view>
 
 #include "specdec/concepts.hpp"
+#include "specdec/detail/decoder_kernels.hpp"
 #include "specdec/error.hpp"
 #include "specdec/rows.hpp"
 
@@ -66,6 +68,8 @@ inline std::string describe_location(const RowLocation& where, std::string_view 
 ///  - errc::zero_mass if all entries are zero,
 ///  - errc::not_normalized if the sum (accumulated in double) is off 1 by more than
 ///    `tolerance`.
+/// Cost: one vectorized screening pass (the kernel path's) for a valid row; the exact scalar
+/// scan in index order only for rows the screen does not clear.
 template <ProbabilityScalar T>
 void validate_probability_row(std::span<const T> row, std::size_t vocab_size,
                               const RowLocation& where,
@@ -77,6 +81,14 @@ void validate_probability_row(std::span<const T> row, std::size_t vocab_size,
   if (row.size() != vocab_size) {
     detail::throw_error(errc::invalid_size, detail::describe_location(where, "row"), ": has ",
                         row.size(), " entries, expected the vocabulary size ", vocab_size);
+  }
+  // One vectorized pass decides almost every valid row; a row it does not clear (a bad
+  // entry, a sum near the tolerance, -0.0 entries) goes to the exact scan below, which names
+  // the problem or accepts the row. The screen is conservative: the verdicts are the scan's.
+  // Its tolerance is capped at 0.5 so that a cleared row has positive mass (the screen does
+  // not look for zero rows; greedy checks pass an infinite tolerance).
+  if (detail::plausible_probability_row(row.data(), row.size(), std::min(tolerance, 0.5))) {
+    return;
   }
   double sum = 0.0;
   for (std::size_t j = 0; j < row.size(); ++j) {
