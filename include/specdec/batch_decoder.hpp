@@ -217,8 +217,7 @@ class BatchDecoder {
     if (active_.empty()) return 0;
     ++steps_;
     draft_all();
-    score_all();
-    return verify_and_emit();
+    return score_verify_and_emit();
   }
 
   /// Steps until no sequence is active.
@@ -341,22 +340,15 @@ class BatchDecoder {
     return sequence.context.size() - base;
   }
 
-  // Whether the generated tokens followed by `fresh` end with one of the stop sequences.
-  [[nodiscard]] static bool ends_with_stop_sequence(const Active& sequence,
-                                                    std::span<const token_id> fresh) noexcept {
+  // Whether the generated tokens end with one of the stop sequences.
+  [[nodiscard]] static bool ends_with_stop_sequence(const Active& sequence) noexcept {
     const std::vector<token_id>& generated = sequence.result.tokens;
     for (const auto& stop : sequence.request.stop_sequences) {
-      if (stop.size() > generated.size() + fresh.size()) continue;
-      bool match = true;
-      for (std::size_t j = 0; j < stop.size() && match; ++j) {
-        // Position j of the stop sequence against the j-th of the last stop.size() tokens.
-        const std::size_t from_end = stop.size() - j;  // 1 = the last token
-        const token_id token = from_end <= fresh.size()
-                                   ? fresh[fresh.size() - from_end]
-                                   : generated[generated.size() - (from_end - fresh.size())];
-        match = token == stop[j];
+      if (stop.size() <= generated.size() &&
+          std::equal(stop.begin(), stop.end(),
+                     generated.end() - static_cast<std::ptrdiff_t>(stop.size()))) {
+        return true;
       }
-      if (match) return true;
     }
     return false;
   }
@@ -405,11 +397,12 @@ class BatchDecoder {
     }
   }
 
-  // The target rows of every sequence's drafted prefixes, in the batch's layout, in
-  // target_rows_ (copied from the model's results). Throws without changing any sequence.
-  void score_all() {
+  // Scores every sequence's drafted prefixes, then verifies and emits. A BatchScoringModel's
+  // rows of the target's scalar type are verified in place (the result lives through the
+  // verification); other rows are copied into target_rows_ in the batch's layout. Throws
+  // without changing any sequence when the target fails.
+  std::size_t score_verify_and_emit() {
     const std::size_t rows = draft_tokens_.size() + active_.size();
-    target_rows_.resize(rows * vocab_size_);
     if constexpr (BatchScoringModel<Target>) {
       requests_.clear();
       for (std::size_t b = 0; b < active_.size(); ++b) {
@@ -421,10 +414,19 @@ class BatchDecoder {
         return target_->score_batch(std::span<const BatchScoreRequest>(requests_));
       });
       ++target_calls_;
-      copy_rows(as_rows(returned), 0, rows, "score_batch");
+      const auto scored = as_rows(returned);
+      check_shape(scored, rows, "score_batch");
+      if constexpr (std::is_same_v<typename decltype(scored)::value_type, value_type>) {
+        return verify_and_emit(scored);
+      } else {
+        target_rows_.resize(rows * vocab_size_);
+        copy_rows(scored, 0);
+      }
     } else {
+      target_rows_.resize(rows * vocab_size_);
       for (std::size_t b = 0; b < active_.size(); ++b) score_one(b);
     }
+    return verify_and_emit(RowsView<const value_type>(target_rows_.data(), rows, vocab_size_));
   }
 
   // Rows of sequence b without batch scoring: score_draft, else one call per prefix.
@@ -438,7 +440,9 @@ class BatchDecoder {
         return target_->score_draft(std::span<const token_id>(sequence.context), drafts);
       });
       ++target_calls_;
-      copy_rows(as_rows(returned), first, drafts.size() + 1, "score_draft");
+      const auto scored = as_rows(returned);
+      check_shape(scored, drafts.size() + 1, "score_draft");
+      copy_rows(scored, first);
     } else {
       prefix_.assign(sequence.context.begin(), sequence.context.end());
       for (std::size_t i = 0; i <= drafts.size(); ++i) {
@@ -448,20 +452,26 @@ class BatchDecoder {
         });
         ++target_calls_;
         const auto row = as_span(returned);
-        copy_rows(RowsView<const typename decltype(row)::value_type>(row.data(), 1, row.size()),
-                  first + i, 1, "next_token_probabilities");
+        const RowsView<const typename decltype(row)::value_type> scored(row.data(), 1, row.size());
+        check_shape(scored, 1, "next_token_probabilities");
+        copy_rows(scored, first + i);
       }
     }
   }
 
   template <class U>
-  void copy_rows(RowsView<U> rows, std::size_t first, std::size_t count, std::string_view call) {
+  void check_shape(RowsView<U> rows, std::size_t count, std::string_view call) const {
     if (rows.rows() != count || rows.cols() != vocab_size_) {
       detail::throw_error(errc::invalid_size, "batch step ", steps_, ": the target's ", call,
                           " returned ", rows.rows(), " x ", rows.cols(), " entries, expected ",
                           count, " x ", vocab_size_);
     }
-    for (std::size_t i = 0; i < count; ++i) {
+  }
+
+  // Copies rows (converted to value_type) into target_rows_ from batch row `first` on.
+  template <class U>
+  void copy_rows(RowsView<U> rows, std::size_t first) {
+    for (std::size_t i = 0; i < rows.rows(); ++i) {
       const auto row = rows.row(i);
       std::transform(row.begin(), row.end(),
                      target_rows_.begin() + static_cast<std::ptrdiff_t>((first + i) * vocab_size_),
@@ -471,7 +481,7 @@ class BatchDecoder {
 
   // Verifies the batch, appends each sequence's tokens (cut at a stop token and at
   // max_new_tokens), and moves finished sequences out.
-  std::size_t verify_and_emit() {
+  std::size_t verify_and_emit(RowsView<const value_type> target_rows) {
     const std::size_t sequences = active_.size();
     options_buffer_.resize(sequences);
     for (std::size_t b = 0; b < sequences; ++b) {
@@ -482,8 +492,7 @@ class BatchDecoder {
     }
     const std::size_t drafts = draft_tokens_.size();
     const RaggedBatch<value_type> batch{
-        draft_tokens_, offsets_,
-        RowsView<const value_type>(target_rows_.data(), drafts + sequences, vocab_size_),
+        draft_tokens_, offsets_, target_rows,
         RowsView<const value_type>(draft_rows_.data(), draft_is_model ? drafts : 0, vocab_size_)};
     if (options_.validate_rows) {
       try {
@@ -507,25 +516,23 @@ class BatchDecoder {
         result.error = failure;
         finished = true;
       } else {
+        // Tokens one at a time, each ending the sequence if it is a stop token, completes a
+        // stop sequence or reaches max_new_tokens.
         const std::span<const token_id> tokens = out_.emitted(b);
-        std::size_t take =
-            std::min(tokens.size(), sequence.request.max_new_tokens - result.tokens.size());
-        for (std::size_t k = 0; k < take; ++k) {
-          if (is_stop(sequence, tokens[k])) {
-            take = k + 1;
+        std::size_t take = 0;
+        while (take < tokens.size() && !finished) {
+          result.tokens.push_back(tokens[take++]);
+          finished = true;
+          if (is_stop(sequence, result.tokens.back())) {
             result.end = sequence_end::stop_token;
-            finished = true;
-            break;
-          }
-          if (ends_with_stop_sequence(sequence, tokens.first(k + 1))) {
-            take = k + 1;
+          } else if (ends_with_stop_sequence(sequence)) {
             result.end = sequence_end::stop_sequence;
-            finished = true;
-            break;
+          } else if (result.tokens.size() == sequence.request.max_new_tokens) {
+            result.end = sequence_end::max_new_tokens;
+          } else {
+            finished = false;
           }
         }
-        result.tokens.insert(result.tokens.end(), tokens.begin(),
-                             tokens.begin() + static_cast<std::ptrdiff_t>(take));
         sequence.context.insert(sequence.context.end(), tokens.begin(),
                                 tokens.begin() + static_cast<std::ptrdiff_t>(take));
         ++result.steps;
@@ -534,10 +541,6 @@ class BatchDecoder {
         sequence.request.gamma_policy.observe(
             StepFeedback{batch.drafted(b), out_.result(b).accepted, 0.0, 0.0});
         emitted_total += take;
-        if (result.tokens.size() >= sequence.request.max_new_tokens && !finished) {
-          result.end = sequence_end::max_new_tokens;
-          finished = true;
-        }
         if (take > 0) streamed_.push_back({sequence.request.id, tokens.first(take)});
       }
       if (finished) {
@@ -570,7 +573,7 @@ class BatchDecoder {
   std::vector<std::size_t> offsets_;
   std::vector<token_id> draft_tokens_;
   std::vector<value_type> draft_rows_;
-  std::vector<value_type> target_rows_;
+  std::vector<value_type> target_rows_;  // rows copied from per-sequence or converted scoring
   std::vector<value_type> scratch_;
   std::vector<BatchScoreRequest> requests_;
   std::vector<SequenceOptions> options_buffer_;

@@ -311,12 +311,7 @@ class BatchVerifier {
       try {
         validate_sequence(batch, b, options[b]);
       } catch (const error& e) {
-        out.fail(b,
-                 std::make_exception_ptr(
-                     error(e.code(), "sequence " + std::to_string(options[b].stream.sequence) +
-                                         " (batch position " + std::to_string(b) +
-                                         "): " + detail::bare_message(e))),
-                 batch.drafted(b));
+        out.fail(b, std::make_exception_ptr(naming_sequence(e, b, options[b])), batch.drafted(b));
         return;
       } catch (...) {
         out.fail(b, std::current_exception(), batch.drafted(b));
@@ -524,10 +519,15 @@ class BatchVerifier {
       options.sampling.validate();
       validate_lenience(options.lenience);
     } catch (const error& e) {
-      throw error(e.code(), "sequence " + std::to_string(options.stream.sequence) +
-                                " (batch position " + std::to_string(b) +
-                                "): " + detail::bare_message(e));
+      throw naming_sequence(e, b, options);
     }
+  }
+
+  // `e` with "sequence <id> (batch position <b>): " before its message.
+  static error naming_sequence(const error& e, std::size_t b, const SequenceOptions& options) {
+    return error(e.code(), "sequence " + std::to_string(options.stream.sequence) +
+                               " (batch position " + std::to_string(b) +
+                               "): " + detail::bare_message(e));
   }
 
   static void assert_layout([[maybe_unused]] const RaggedBatch<T>& batch,
