@@ -1,5 +1,6 @@
 // Bad-input catalogue, batch verification (docs/errors.md, rows B*):
-// BatchVerifier::verify_checked, BatchVerifier::verify, BatchVerification::write_padded.
+// BatchVerifier::verify_checked, BatchVerifier::verify, BatchVerification::write_padded,
+// BatchGammaPlanner (B13; rows B10-B12 are in batch_decoder_test.cpp).
 // One test case per catalogue row; each names the row.
 #include <catch2/catch_test_macros.hpp>
 
@@ -9,6 +10,7 @@
 #include <vector>
 
 #include "errors_catalogue.hpp"
+#include "specdec/batch_gamma.hpp"
 #include "specdec/batch_verification.hpp"
 
 namespace {
@@ -200,4 +202,47 @@ TEST_CASE("B9 write_padded: output of the wrong size or too narrow", "[errors][b
   s.out.write_padded(padded, 3);
   CHECK(padded == std::vector<token_id>{1, 2, 0, padded[3], specdec::padding_token,
                                         specdec::padding_token, padded[6], padded[7], padded[8]});
+}
+
+TEST_CASE("B13 BatchGammaPlanner: options out of range, plan inputs that disagree",
+          "[errors][batch]") {
+  using specdec::BatchGammaOptions;
+  using specdec::BatchGammaPlanner;
+  check_error(
+      "B13", [] { BatchGammaPlanner planner(BatchGammaOptions{.max_gamma = 0}); },
+      errc::invalid_option, "BatchGammaPlanner: max_gamma = 0 must be >= 1");
+  check_error(
+      "B13", [] { BatchGammaPlanner planner(BatchGammaOptions{.prior_alpha = 1.5}); },
+      errc::invalid_option, "BatchGammaPlanner: prior_alpha = 1.5 must be in [0, 1]");
+  check_error(
+      "B13", [] { BatchGammaPlanner planner(BatchGammaOptions{.prior_trials = -1.0}); },
+      errc::invalid_option, "prior_trials = -1 must be finite and >= 0");
+  check_error(
+      "B13", [] { BatchGammaPlanner planner(BatchGammaOptions{.forgetting = 0.0}); },
+      errc::invalid_option, "forgetting = 0 must be in (0, 1]");
+  check_error(
+      "B13",
+      [] {
+        BatchGammaPlanner planner(
+            BatchGammaOptions{.draft_cost = std::numeric_limits<double>::infinity()});
+      },
+      errc::invalid_option, "draft_cost = inf must be finite and >= 0");
+  BatchGammaPlanner planner;
+  std::vector<double> alphas{0.5, 0.7};
+  std::vector<std::size_t> caps{4, 4};
+  std::vector<std::size_t> gammas(3);
+  check_error(
+      "B13", [&] { (void)planner.plan(alphas, caps, gammas); }, errc::invalid_size,
+      "BatchGammaPlanner::plan: 2 alphas, 2 caps and 3 gammas");
+  gammas.resize(2);
+  alphas[1] = std::numeric_limits<double>::quiet_NaN();
+  check_error(
+      "B13", [&] { (void)planner.plan(alphas, caps, gammas); }, errc::domain,
+      "BatchGammaPlanner::plan: alphas[1] = nan is outside [0, 1]");
+  alphas[1] = 0.7;
+  BatchGammaPlanner negative(
+      BatchGammaOptions{.target_cost = [](std::size_t p) { return p > 2 ? -1.0 : 1.0; }});
+  check_error(
+      "B13", [&] { (void)negative.plan(alphas, caps, gammas); }, errc::domain,
+      "BatchGammaPlanner: target_cost(3) = -1 must be finite and >= 0");
 }

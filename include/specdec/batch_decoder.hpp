@@ -17,16 +17,19 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "specdec/batch_gamma.hpp"
 #include "specdec/batch_verification.hpp"
 #include "specdec/concepts.hpp"
 #include "specdec/error.hpp"
@@ -69,7 +72,9 @@ struct SequenceRequest {
   SamplingOptions sampling{};  ///< applied alike to its p and q rows (T = 0: greedy)
   /// Drafts per step (fewer near max_new_tokens): any GammaPolicy, observed after each of
   /// the sequence's steps; FixedGamma{4} by default. Policies that need timing are rejected
-  /// (the batch decoder does not time sequences one by one).
+  /// (the batch decoder does not time sequences one by one). With a batch gamma planner
+  /// (BatchDecoderOptions::batch_gamma) the planner chooses the draft length instead and
+  /// only the policy's continue_drafting is asked (a ConfidenceStop still stops early).
   AnyGammaPolicy gamma_policy{};
   std::vector<token_id> stop_tokens{};  ///< generation ends after emitting one of these
   /// Generation ends right after its generated tokens end with one of these (non-empty;
@@ -110,6 +115,15 @@ struct BatchDecoderOptions {
   /// once the step is complete (an exception from it propagates out of step(), every
   /// sequence's tokens already in place; the step's later callbacks are skipped).
   std::function<void(std::uint64_t id, std::span<const token_id> tokens)> on_tokens{};
+  /// Draft lengths chosen for the whole batch each step (batch_gamma.hpp): from each
+  /// sequence's measured acceptance and the measured (or given) cost of a target call as a
+  /// function of the positions it scores. Empty: each sequence's own gamma_policy decides.
+  std::optional<BatchGammaOptions> batch_gamma{};
+  /// Time source of the planner's measurements (read only with batch_gamma and no given
+  /// target_cost): before drafting, before scoring and after verification. Seconds on any
+  /// monotonic scale; empty is std::chrono::steady_clock. A simulated clock makes measured
+  /// costs, and so the planner's choices, reproducible.
+  std::function<double()> clock{};
 };
 
 /// Decodes many sequences together. `Target` is a LanguageModel (BatchScoringModel: one call
@@ -129,6 +143,7 @@ class BatchDecoder {
         options_(std::move(options)),
         verifier_(options_.threads),
         vocab_size_(target.vocab_size()) {
+    if (options_.batch_gamma) planner_.emplace(*options_.batch_gamma);
     verifier_.set_parallel_threshold(options_.parallel_threshold);
     if (vocab_size_ == 0)
       detail::throw_error(errc::invalid_size, "target model: vocab_size() is 0");
@@ -216,14 +231,33 @@ class BatchDecoder {
   std::size_t step() {
     if (active_.empty()) return 0;
     ++steps_;
+    const bool timed = planner_ && !options_.batch_gamma->target_cost;
+    if (planner_) plan_gammas();
+    const double started = timed ? now() : 0.0;
     draft_all();
-    return score_verify_and_emit();
+    const std::size_t drafts = draft_tokens_.size();
+    const std::size_t positions = drafts + active_.size();
+    const double drafted = timed ? now() : 0.0;
+    const std::size_t emitted = score_verify_and_emit();
+    if (timed) planner_->observe_step(drafts, drafted - started, positions, now() - drafted);
+    return emitted;
   }
 
   /// Steps until no sequence is active.
   void run() {
     while (!active_.empty()) step();
   }
+
+  /// The batch gamma planner (BatchDecoderOptions::batch_gamma), else null.
+  [[nodiscard]] const BatchGammaPlanner* planner() const noexcept {
+    return planner_ ? &*planner_ : nullptr;
+  }
+  /// The planner's plan for the last step (default-constructed without a planner).
+  [[nodiscard]] const BatchGammaPlan& last_plan() const noexcept { return plan_; }
+  /// The draft lengths the planner chose for the last step, in the order the sequences were
+  /// in the batch then (empty without a planner). Fewer may have been drafted: a stop token,
+  /// a policy's continue_drafting or a drafter proposing less ends drafting early.
+  [[nodiscard]] std::span<const std::size_t> last_gammas() const noexcept { return gammas_; }
 
   /// The sequences that left the batch since the last call, in the order they left.
   [[nodiscard]] std::vector<FinishedSequence> take_finished() {
@@ -238,8 +272,9 @@ class BatchDecoder {
     std::vector<token_id> context;  // prompt + generated (+ this step's drafts while drafting)
     FinishedSequence result;
     Standardizer<value_type> standardizer;
-    std::size_t drafted = 0;     // this step's drafts
-    std::exception_ptr failure;  // this step's draft failure
+    std::size_t drafted = 0;        // this step's drafts
+    std::exception_ptr failure;     // this step's draft failure
+    SequenceAcceptance acceptance;  // for the batch gamma planner
   };
 
   static constexpr bool draft_is_model = LanguageModel<Draft>;
@@ -249,6 +284,26 @@ class BatchDecoder {
            std::to_string(sequence.result.steps) + ")";
   }
 
+  [[nodiscard]] double now() const {
+    if (options_.clock) return options_.clock();
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+  }
+
+  // The planner's draft length for every sequence, into gammas_.
+  void plan_gammas() {
+    const std::size_t sequences = active_.size();
+    alphas_.resize(sequences);
+    caps_.resize(sequences);
+    gammas_.resize(sequences);
+    for (std::size_t b = 0; b < sequences; ++b) {
+      const Active& sequence = active_[b];
+      alphas_[b] = planner_->alpha(sequence.acceptance);
+      caps_[b] = sequence.request.max_new_tokens - sequence.result.tokens.size() - 1;
+    }
+    plan_ = planner_->plan(alphas_, caps_, gammas_);
+  }
+
   // Drafts for every sequence into draft_tokens_ / draft_rows_ (one row per model draft)
   // and offsets_. A draft model that throws, or a drafter's bad proposal, fails only that
   // sequence (its drafts are dropped; it leaves the batch after this step).
@@ -256,10 +311,13 @@ class BatchDecoder {
     offsets_.assign(1, 0);
     draft_tokens_.clear();
     draft_rows_.clear();
-    for (Active& sequence : active_) {
+    for (std::size_t b = 0; b < active_.size(); ++b) {
+      Active& sequence = active_[b];
       sequence.failure = nullptr;
       const std::size_t remaining = sequence.request.max_new_tokens - sequence.result.tokens.size();
-      const std::size_t gamma = std::min(sequence.request.gamma_policy.next_gamma(), remaining - 1);
+      const std::size_t gamma =
+          planner_ ? gammas_[b]
+                   : std::min(sequence.request.gamma_policy.next_gamma(), remaining - 1);
       const std::size_t base = sequence.context.size();
       try {
         sequence.drafted = draft_one(sequence, gamma);
@@ -540,6 +598,10 @@ class BatchDecoder {
         result.accepted += out_.result(b).accepted;
         sequence.request.gamma_policy.observe(
             StepFeedback{batch.drafted(b), out_.result(b).accepted, 0.0, 0.0});
+        if (planner_) {
+          planner_->observe_acceptance(sequence.acceptance, batch.drafted(b),
+                                       out_.result(b).accepted);
+        }
         emitted_total += take;
         if (take > 0) streamed_.push_back({sequence.request.id, tokens.first(take)});
       }
@@ -580,6 +642,11 @@ class BatchDecoder {
   std::vector<token_id> prefix_;  // a prefix scored alone
   std::vector<std::pair<std::uint64_t, std::span<const token_id>>> streamed_;  // for on_tokens
   BatchVerification out_;
+  std::optional<BatchGammaPlanner> planner_;
+  BatchGammaPlan plan_{};
+  std::vector<double> alphas_;
+  std::vector<std::size_t> caps_;
+  std::vector<std::size_t> gammas_;
   bool draft_call_ = false;  // inside a draft model call (its exceptions are the model's)
 };
 

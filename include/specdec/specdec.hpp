@@ -3,6 +3,7 @@
 
 #include "specdec/analysis.hpp"                // IWYU pragma: export
 #include "specdec/batch_decoder.hpp"           // IWYU pragma: export
+#include "specdec/batch_gamma.hpp"             // IWYU pragma: export
 #include "specdec/batch_verification.hpp"      // IWYU pragma: export
 #include "specdec/cached_context.hpp"          // IWYU pragma: export
 #include "specdec/concepts.hpp"                // IWYU pragma: export
