@@ -95,6 +95,40 @@ class ThrowingDraft : public MarkovModel<double> {
   token_id fatal;
 };
 
+/// A draft model drafting for many sequences in one call (draft_batch), counting calls and
+/// the sequences released; `fail_next` / `drop_row` break its next call.
+class BatchDraftMarkov : public MarkovModel<double> {
+ public:
+  explicit BatchDraftMarkov(MarkovModel<double> model) : MarkovModel<double>(std::move(model)) {}
+
+  RowsView<const double> draft_batch(std::span<const BatchScoreRequest> requests) {
+    ++batch_calls;
+    if (fail_next) {
+      fail_next = false;
+      throw std::runtime_error("draft device lost");
+    }
+    const std::size_t vocab = vocab_size();
+    rows_.resize(requests.size() * vocab);
+    for (std::size_t b = 0; b < requests.size(); ++b) {
+      std::size_t s = state(requests[b].context);
+      for (const token_id x : requests[b].drafts) s = next_state(s, static_cast<std::size_t>(x));
+      const auto source = row(s);
+      std::copy(source.begin(), source.end(),
+                rows_.begin() + static_cast<std::ptrdiff_t>(b * vocab));
+    }
+    return {rows_.data(), drop_row ? requests.size() - 1 : requests.size(), vocab};
+  }
+  void release_sequence(std::uint64_t id) { released.push_back(id); }
+
+  std::size_t batch_calls = 0;
+  bool fail_next = false;
+  bool drop_row = false;
+  std::vector<std::uint64_t> released;
+
+ private:
+  std::vector<double> rows_;
+};
+
 /// Proposes `out.size()` copies of `token` after contexts starting with `bad_start`, nothing
 /// otherwise.
 struct BadProposer {
@@ -202,6 +236,11 @@ TEST_CASE("BatchDecoder: every sequence follows its target law", "[batch_decoder
     BatchMarkov target2(target_chain);
     BatchDecoder proposals(target2, proposer, {.threads = 2, .parallel_threshold = 0});
     check(proposals, "proposals", true);
+    BatchMarkov target3(target_chain);
+    BatchDraftMarkov batched_draft(draft_chain);
+    BatchDecoder batched(target3, batched_draft, {.threads = 2, .parallel_threshold = 0});
+    check(batched, "batched drafts (draft_batch)", true);
+    CHECK(batched_draft.batch_calls <= 4 * batched.steps());  // gamma <= 4: per position
     BatchMarkov shifted(target_chain);
     shifted.shift = true;
     MarkovModel<double> draft2 = draft_chain;
@@ -235,6 +274,39 @@ TEST_CASE("BatchDecoder: a sequence's tokens do not depend on the batch, joining
       INFO(threads << " threads, " << wave << " joining per step");
       CHECK(together == alone);
     }
+  }
+}
+
+TEST_CASE("BatchDecoder: a batched draft model drafts the tokens one-at-a-time drafting does",
+          "[batch_decoder][exactness]") {
+  // Each sequence's drafts come from its own draft stream whichever way the draft model is
+  // called, so batched drafting (one draft_batch call per draft position for the whole
+  // batch) reproduces per-sequence drafting token for token, with every kind of gamma
+  // policy (early stops included) and sequences joining each step.
+  constexpr std::size_t vocab = 16;
+  const auto target_chain = specdec::testing::make_markov_target(vocab, 2, 23);
+  const auto draft_chain = specdec::testing::make_markov_draft(target_chain, 24);
+  for (const SamplingOptions& sampling :
+       {SamplingOptions{}, SamplingOptions{.temperature = 0.8, .top_k = 8},
+        SamplingOptions{.temperature = 0.0}}) {
+    BatchMarkov target(target_chain);
+    MarkovModel<double> draft = draft_chain;
+    BatchDecoder one_at_a_time(target, draft, {.threads = 2, .parallel_threshold = 0});
+    const auto expected = decode_all(one_at_a_time, 30, 20, sampling, 6);
+    BatchMarkov target2(target_chain);
+    BatchDraftMarkov batched_draft(draft_chain);
+    BatchDecoder batched(target2, batched_draft, {.threads = 2, .parallel_threshold = 0});
+    const auto tokens = decode_all(batched, 30, 20, sampling, 6);
+    INFO("T = " << sampling.temperature);
+    CHECK(tokens == expected);
+    CHECK(batched.steps() == one_at_a_time.steps());
+    CHECK(batched_draft.batch_calls <= 4 * batched.steps());
+    // Every sequence is released once, when it leaves.
+    std::vector<std::uint64_t> released = batched_draft.released;
+    std::sort(released.begin(), released.end());
+    std::vector<std::uint64_t> ids(30);
+    for (std::uint64_t id = 0; id < 30; ++id) ids[id] = id;
+    CHECK(released == ids);
   }
 }
 
@@ -494,6 +566,38 @@ TEST_CASE("B12 BatchDecoder: a failing target call changes nothing", "[batch_dec
           "B12", [&] { decoder.step(); }, specdec::errc::invalid_size,
           "the target's score_batch returned");
       target.drop_row = false;
+      CHECK(decoder.active() == 10);
+    }
+    decoder.run();
+    std::map<std::uint64_t, std::vector<token_id>> tokens;
+    for (auto& f : decoder.take_finished()) tokens[f.id] = f.tokens;
+    return tokens;
+  };
+  CHECK(decode(true) == decode(false));
+}
+
+TEST_CASE("B12 BatchDecoder: a failing batched draft call changes nothing",
+          "[batch_decoder][errors]") {
+  constexpr std::size_t vocab = 8;
+  const auto target_chain = specdec::testing::make_markov_target(vocab, 1, 63);
+  const auto draft_chain = specdec::testing::make_markov_draft(target_chain, 64);
+  const auto decode = [&](bool fail) {
+    BatchMarkov target(target_chain);
+    BatchDraftMarkov draft(draft_chain);
+    BatchDecoder decoder(target, draft, {.threads = 2, .parallel_threshold = 0});
+    for (std::uint64_t id = 0; id < 10; ++id) decoder.add(request(id, 15, {}, 3));
+    decoder.step();
+    if (fail) {
+      draft.fail_next = true;
+      specdec::testing::check_error(
+          "B12", [&] { decoder.step(); }, specdec::errc::model_failure,
+          ": the draft model threw: draft device lost");
+      CHECK(decoder.active() == 10);
+      draft.drop_row = true;
+      specdec::testing::check_error(
+          "B12", [&] { decoder.step(); }, specdec::errc::invalid_size,
+          "the draft model's draft_batch returned 9 x 8 entries, expected 10 x 8");
+      draft.drop_row = false;
       CHECK(decoder.active() == 10);
     }
     decoder.run();

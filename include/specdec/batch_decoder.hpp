@@ -46,6 +46,9 @@ namespace specdec {
 struct BatchScoreRequest {
   std::span<const token_id> context;
   std::span<const token_id> drafts;
+  /// The sequence's id (SequenceRequest::id): what an engine keys its KV cache on. A
+  /// sequence keeps its id until it leaves the batch (release_sequence).
+  std::uint64_t id = 0;
 };
 
 /// `model.score_batch(requests)`: for each request in order, the rows of the prefixes
@@ -62,6 +65,30 @@ concept HasBatchScoring = requires(M& model, std::span<const BatchScoreRequest> 
 /// next_token_probabilities of context + drafts[0..k).
 template <class M>
 concept BatchScoringModel = LanguageModel<M> && HasBatchScoring<M>;
+
+/// `model.draft_batch(requests)`: for each request in order, ONE row: the next-token row
+/// after context + drafts (the drafts made so far this step).
+// clang-format off
+template <class M>
+concept HasBatchDrafting = requires(M& model, std::span<const BatchScoreRequest> requests) {
+  { model.draft_batch(requests) } -> ProbabilityMatrix;
+};
+// clang-format on
+
+/// A draft LanguageModel that drafts the next token of many sequences in one call. The
+/// batch decoder then drafts position by position for every sequence together: gamma_max
+/// calls per step instead of one per drafted token. Row b must equal
+/// next_token_probabilities of request b's context + drafts.
+template <class M>
+concept BatchDraftModel = LanguageModel<M> && HasBatchDrafting<M>;
+
+/// `model.release_sequence(id)`: the sequence left the batch; a model with per-sequence
+/// state (a KV cache per sequence) frees it. Optional; called on the target and the draft
+/// model (once if they are the same object) when a sequence finishes or fails.
+template <class M>
+concept HasSequenceRelease = requires(M& model, std::uint64_t id) {
+  model.release_sequence(id);
+};
 
 /// What a sequence asks for.
 struct SequenceRequest {
@@ -274,6 +301,9 @@ class BatchDecoder {
     Standardizer<value_type> standardizer;
     std::size_t drafted = 0;        // this step's drafts
     std::exception_ptr failure;     // this step's draft failure
+    std::size_t base = 0;           // batched drafting: context size before the drafts
+    std::size_t goal = 0;           // batched drafting: drafts wanted (cut by early stops)
+    xoshiro256pp draft_stream{0};   // batched drafting: the step's draft stream
     SequenceAcceptance acceptance;  // for the batch gamma planner
   };
 
@@ -304,6 +334,25 @@ class BatchDecoder {
     plan_ = planner_->plan(alphas_, caps_, gammas_);
   }
 
+  // Tells the models (those with release_sequence) that sequence `id` left. What they
+  // throw is ignored: the sequence is finished either way, and its state is theirs.
+  void release(std::uint64_t id) noexcept {
+    if constexpr (HasSequenceRelease<Target>) {
+      try {
+        target_->release_sequence(id);
+      } catch (...) {  // NOLINT(bugprone-empty-catch)
+      }
+    }
+    if constexpr (HasSequenceRelease<Draft>) {
+      if (static_cast<const void*>(draft_) != static_cast<const void*>(target_)) {
+        try {
+          draft_->release_sequence(id);
+        } catch (...) {  // NOLINT(bugprone-empty-catch)
+        }
+      }
+    }
+  }
+
   // Drafts for every sequence into draft_tokens_ / draft_rows_ (one row per model draft)
   // and offsets_. A draft model that throws, or a drafter's bad proposal, fails only that
   // sequence (its drafts are dropped; it leaves the batch after this step).
@@ -311,13 +360,14 @@ class BatchDecoder {
     offsets_.assign(1, 0);
     draft_tokens_.clear();
     draft_rows_.clear();
+    if constexpr (BatchDraftModel<Draft>) {
+      draft_batched();
+      return;
+    }
     for (std::size_t b = 0; b < active_.size(); ++b) {
       Active& sequence = active_[b];
       sequence.failure = nullptr;
-      const std::size_t remaining = sequence.request.max_new_tokens - sequence.result.tokens.size();
-      const std::size_t gamma =
-          planner_ ? gammas_[b]
-                   : std::min(sequence.request.gamma_policy.next_gamma(), remaining - 1);
+      const std::size_t gamma = gamma_of(b);
       const std::size_t base = sequence.context.size();
       try {
         sequence.drafted = draft_one(sequence, gamma);
@@ -333,6 +383,119 @@ class BatchDecoder {
       sequence.context.resize(base);
       offsets_.push_back(draft_tokens_.size());
     }
+  }
+
+  // This step's draft length of sequence b (before early stops).
+  [[nodiscard]] std::size_t gamma_of(std::size_t b) const {
+    const Active& sequence = active_[b];
+    const std::size_t remaining = sequence.request.max_new_tokens - sequence.result.tokens.size();
+    return planner_ ? gammas_[b]
+                    : std::min(sequence.request.gamma_policy.next_gamma(), remaining - 1);
+  }
+
+  // Drafting with a BatchDraftModel: position i of every sequence still drafting in one
+  // draft_batch call, for i = 0, 1, ... Each sequence's drafts are sampled with its own
+  // draft stream exactly as one at a time, so its tokens are the same either way. Rows go
+  // to draft_rows_ at slots reserved for gamma_b rows per sequence, compacted at the end. A
+  // failing call throws errc::model_failure from step() with every context restored.
+  void draft_batched() {
+    const std::size_t sequences = active_.size();
+    slots_.assign(sequences + 1, 0);
+    for (std::size_t b = 0; b < sequences; ++b) {
+      Active& sequence = active_[b];
+      sequence.failure = nullptr;
+      sequence.drafted = 0;
+      sequence.base = sequence.context.size();
+      sequence.goal = gamma_of(b);
+      sequence.draft_stream =
+          stream_engine({sequence.request.seed, sequence.request.id, sequence.result.steps},
+                        stream_purpose::draft);
+      slots_[b + 1] = slots_[b] + sequence.goal;
+    }
+    draft_rows_.resize(slots_[sequences] * vocab_size_);
+    scratch_.resize(vocab_size_);
+    try {
+      for (std::size_t i = 0;; ++i) {
+        requests_.clear();
+        drafting_.clear();
+        for (std::size_t b = 0; b < sequences; ++b) {
+          Active& sequence = active_[b];
+          if (sequence.drafted != i || i >= sequence.goal) continue;
+          requests_.push_back(
+              {std::span<const token_id>(sequence.context.data(), sequence.base),
+               std::span<const token_id>(sequence.context.data() + sequence.base, i),
+               sequence.request.id});
+          drafting_.push_back(b);
+        }
+        if (requests_.empty()) break;
+        draft_call_ = true;
+        auto&& returned = draft_->draft_batch(std::span<const BatchScoreRequest>(requests_));
+        draft_call_ = false;
+        const auto rows = as_rows(returned);
+        if (rows.rows() != requests_.size() || rows.cols() != vocab_size_) {
+          detail::throw_error(errc::invalid_size, "batch step ", steps_,
+                              ": the draft model's draft_batch returned ", rows.rows(), " x ",
+                              rows.cols(), " entries, expected ", requests_.size(), " x ",
+                              vocab_size_);
+        }
+        for (std::size_t k = 0; k < drafting_.size(); ++k) {
+          Active& sequence = active_[drafting_[k]];
+          const std::size_t at = (slots_[drafting_[k]] + i) * vocab_size_;
+          const auto row = rows.row(k);
+          std::transform(row.begin(), row.end(),
+                         draft_rows_.begin() + static_cast<std::ptrdiff_t>(at),
+                         [](auto value) { return static_cast<value_type>(value); });
+          const AnyGammaPolicy& policy = sequence.request.gamma_policy;
+          const bool wants_top = policy.needs_top_probability();
+          double top_probability = 1.0;
+          const token_id drafted =
+              sample_standardized(sequence.standardizer,
+                                  std::span<const value_type>(draft_rows_.data() + at, vocab_size_),
+                                  std::span<value_type>(scratch_), sequence.draft_stream,
+                                  wants_top ? &top_probability : nullptr);
+          sequence.context.push_back(drafted);
+          ++sequence.drafted;
+          if (is_stop(sequence, drafted) ||
+              (i + 1 < sequence.goal && !policy.continue_drafting(top_probability, i + 1))) {
+            sequence.goal = sequence.drafted;  // drafting ends here
+          }
+        }
+      }
+    } catch (...) {
+      const bool model = draft_call_;
+      draft_call_ = false;
+      for (Active& sequence : active_) sequence.context.resize(sequence.base);
+      if (!model) throw;
+      try {
+        throw;
+      } catch (const std::exception& e) {
+        std::throw_with_nested(
+            error(errc::model_failure,
+                  "batch step " + std::to_string(steps_) + ": the draft model threw: " + e.what()));
+      } catch (...) {
+        std::throw_with_nested(
+            error(errc::model_failure, "batch step " + std::to_string(steps_) +
+                                           ": the draft model threw a non-std exception"));
+      }
+    }
+    // Compact: sequence b's rows from slot slots_[b] to the batch layout (rows only move
+    // towards the front).
+    std::size_t row = 0;
+    for (std::size_t b = 0; b < sequences; ++b) {
+      Active& sequence = active_[b];
+      if (row != slots_[b]) {
+        std::copy_n(draft_rows_.begin() + static_cast<std::ptrdiff_t>(slots_[b] * vocab_size_),
+                    sequence.drafted * vocab_size_,
+                    draft_rows_.begin() + static_cast<std::ptrdiff_t>(row * vocab_size_));
+      }
+      row += sequence.drafted;
+      draft_tokens_.insert(draft_tokens_.end(),
+                           sequence.context.begin() + static_cast<std::ptrdiff_t>(sequence.base),
+                           sequence.context.end());
+      sequence.context.resize(sequence.base);
+      offsets_.push_back(draft_tokens_.size());
+    }
+    draft_rows_.resize(row * vocab_size_);
   }
 
   // Appends up to `gamma` drafts to sequence.context (and, for a draft model, their rows to
@@ -466,7 +629,8 @@ class BatchDecoder {
       for (std::size_t b = 0; b < active_.size(); ++b) {
         requests_.push_back({std::span<const token_id>(active_[b].context),
                              std::span<const token_id>(draft_tokens_)
-                                 .subspan(offsets_[b], offsets_[b + 1] - offsets_[b])});
+                                 .subspan(offsets_[b], offsets_[b + 1] - offsets_[b]),
+                             active_[b].request.id});
       }
       auto&& returned = call_target([&]() -> decltype(auto) {
         return target_->score_batch(std::span<const BatchScoreRequest>(requests_));
@@ -607,6 +771,7 @@ class BatchDecoder {
       }
       if (finished) {
         result.id = sequence.request.id;
+        release(result.id);
         finished_.push_back(std::move(result));
       } else {
         if (kept != b) active_[kept] = std::move(active_[b]);
@@ -647,7 +812,9 @@ class BatchDecoder {
   std::vector<double> alphas_;
   std::vector<std::size_t> caps_;
   std::vector<std::size_t> gammas_;
-  bool draft_call_ = false;  // inside a draft model call (its exceptions are the model's)
+  std::vector<std::size_t> slots_;     // batched drafting: first row slot of each sequence
+  std::vector<std::size_t> drafting_;  // batched drafting: sequences in this draft call
+  bool draft_call_ = false;            // inside a draft model call (its exceptions are the model's)
 };
 
 }  // namespace specdec
