@@ -454,6 +454,102 @@ TEST_CASE(
   }
 }
 
+// ---- 3b. many sequences (lanes) -----------------------------------------------------------
+
+TEST_CASE(
+    "llama engine: score_batch_logits and draft_batch_logits rows equal each sequence's own "
+    "rows, bit for bit, in one forward pass per call") {
+  // Five sequences in an engine of six lanes, over several steps as the batch decoder makes
+  // them: each step every sequence drafts, keeps a random prefix of its drafts plus one
+  // token, and is scored with the others in one pass (its lane's cache rolled back and
+  // extended); sequences leave and new ones take their lanes, keeping the shared prompt.
+  for (const TinyLlama& shape : engine_shapes()) {
+    const Model model = load_tiny(shape);
+    specdec::default_engine g(31);
+    Engine engine(model, 96, nullptr, 6);
+    REQUIRE(engine.lanes() == 6);
+    const Tokens prompt = random_context(9, shape.vocab, g);
+    std::vector<std::uint64_t> ids{10, 11, 12, 13, 14};
+    std::vector<Tokens> contexts(ids.size(), prompt);
+    for (std::size_t b = 1; b < contexts.size(); ++b) {
+      contexts[b].push_back(static_cast<token_id>(b));  // not all alike
+    }
+    for (int step = 0; step < 5; ++step) {
+      std::vector<Tokens> drafts;
+      std::vector<specdec::BatchScoreRequest> requests;
+      for (std::size_t b = 0; b < ids.size(); ++b) {
+        drafts.push_back(random_tokens((b + static_cast<std::size_t>(step)) % 4, shape.vocab, g));
+      }
+      for (std::size_t b = 0; b < ids.size(); ++b)
+        requests.push_back({contexts[b], drafts[b], ids[b]});
+      // Drafting: one row per sequence after context + its first drafts.
+      std::vector<specdec::BatchScoreRequest> partial;
+      for (std::size_t b = 0; b < ids.size(); ++b) {
+        partial.push_back({contexts[b],
+                           std::span<const token_id>(drafts[b]).first(drafts[b].size() / 2),
+                           ids[b]});
+      }
+      engine.reset_counters();
+      const auto drafted = engine.draft_batch_logits(partial);
+      CHECK(engine.counters().forward_passes == 1);
+      REQUIRE(drafted.rows() == ids.size());
+      for (std::size_t b = 0; b < ids.size(); ++b) {
+        INFO(name_of(shape) << ", step " << step << ", sequence " << ids[b] << ", draft row");
+        CHECK(to_logits(drafted.row(b)) ==
+              fresh_logits(model, concat(contexts[b], partial[b].drafts)));
+      }
+      engine.reset_counters();
+      const auto rows = engine.score_batch_logits(requests);
+      CHECK(engine.counters().forward_passes == 1);
+      std::size_t at = 0;
+      for (std::size_t b = 0; b < ids.size(); ++b) {
+        INFO(name_of(shape) << ", step " << step << ", sequence " << ids[b]);
+        const std::size_t n = drafts[b].size() + 1;
+        check_rows_against_fresh(
+            model, specdec::RowsView<const float>(rows.row(at).data(), n, rows.cols()), contexts[b],
+            drafts[b]);
+        at += n;
+      }
+      REQUIRE(at == rows.rows());
+      // Each sequence keeps a random prefix of its drafts and one more token.
+      for (std::size_t b = 0; b < ids.size(); ++b) {
+        const std::size_t kept = specdec::uniform_below(g, drafts[b].size() + 1);
+        contexts[b].insert(contexts[b].end(), drafts[b].begin(),
+                           drafts[b].begin() + static_cast<std::ptrdiff_t>(kept));
+        contexts[b].push_back(random_tokens(1, shape.vocab, g).front());
+      }
+      // Sequence ids[step % 5] leaves; a new one with the bare prompt takes a lane.
+      engine.release_sequence(ids[static_cast<std::size_t>(step) % ids.size()]);
+      ids[static_cast<std::size_t>(step) % ids.size()] = 100 + static_cast<std::uint64_t>(step);
+      contexts[static_cast<std::size_t>(step) % ids.size()] = prompt;
+    }
+  }
+}
+
+TEST_CASE("llama engine: a batch call for more sequences than lanes names the sequence") {
+  const TinyLlama shape = engine_shapes().front();
+  const Model model = load_tiny(shape);
+  Engine engine(model, 32, nullptr, 2);
+  const Tokens context{bos, 3, 4};
+  const Tokens none;
+  const std::vector<specdec::BatchScoreRequest> three{
+      {context, none, 1}, {context, none, 2}, {context, none, 3}};
+  try {
+    (void)engine.score_batch_logits(three);
+    FAIL("no exception");
+  } catch (const llama::engine_error& e) {
+    CHECK(std::string(e.what()).find("sequence 3: all 2 lanes of the engine are taken") !=
+          std::string::npos);
+  }
+  // After the error the engine serves again; released lanes are reused.
+  engine.release_sequence(1);
+  engine.release_sequence(2);
+  const std::vector<specdec::BatchScoreRequest> two{{context, none, 3}, {context, none, 4}};
+  const auto rows = engine.score_batch_logits(two);
+  CHECK(rows.rows() == 2);
+  CHECK(to_logits(rows.row(1)) == fresh_logits(model, context));
+}
+
 // ---- 4. rollback -------------------------------------------------------------------------
 
 TEST_CASE(
@@ -1270,4 +1366,94 @@ TEST_CASE(
     CHECK(engine.counters().positions == 1 + draft.size());
     check_rows_against_fresh(model, rows, context, draft);
   }
+}
+
+// ---- many sequences: the batch decoder over lane engines -----------------------------------
+
+namespace {
+
+// Decodes `count` sequences (prompt `prompts[k % size]`, seed `seed`, id k) with a
+// BatchDecoder over engines of `lanes` lanes, `lanes` sequences at a time (continuous
+// batching: a new one joins when one leaves); returns the tokens by id.
+std::vector<Tokens> decode_batch(const Model& target_model, const Model& draft_model,
+                                 const std::vector<Tokens>& prompts, std::size_t count,
+                                 std::size_t new_tokens, const specdec::SamplingOptions& sampling,
+                                 std::size_t lanes, std::uint64_t seed, std::size_t gamma) {
+  Engine target_engine(target_model, 0, nullptr, lanes);
+  Engine draft_engine(draft_model, 0, nullptr, lanes);
+  specdec::LogitsModel target(target_engine);
+  specdec::LogitsModel draft(draft_engine);
+  static_assert(specdec::BatchScoringModel<decltype(target)>);
+  static_assert(specdec::BatchDraftModel<decltype(draft)>);
+  static_assert(specdec::HasSequenceRelease<decltype(target)>);
+  specdec::BatchDecoder decoder(target, draft, {.threads = 1});
+  std::vector<Tokens> tokens(count);
+  std::size_t next = 0;
+  while (next < count || decoder.active() > 0) {
+    while (next < count && decoder.active() < lanes) {
+      specdec::SequenceRequest request;
+      request.id = next;
+      request.prompt = prompts[next % prompts.size()];
+      request.max_new_tokens = new_tokens;
+      request.seed = seed;
+      request.sampling = sampling;
+      request.gamma_policy = specdec::FixedGamma(gamma);
+      decoder.add(std::move(request));
+      ++next;
+    }
+    decoder.step();
+    for (auto& done : decoder.take_finished()) {
+      REQUIRE(done.end == specdec::sequence_end::max_new_tokens);
+      tokens[done.id] = std::move(done.tokens);
+    }
+  }
+  CHECK(decoder.target_calls() == decoder.steps());  // one forward pass of the target per step
+  return tokens;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "llama batch decoding: greedy sequences decoded together on lane engines equal plain "
+    "greedy decoding") {
+  const TinyLlama target_shape = engine_shapes()[1];
+  TinyLlama draft_shape = target_shape;
+  draft_shape.f16 = false;  // the F32 twin: most drafts accepted
+  const Model target_model = load_tiny(target_shape);
+  const Model draft_model = load_tiny(draft_shape);
+  specdec::default_engine g(41);
+  std::vector<Tokens> prompts;
+  for (std::size_t k = 0; k < 5; ++k)
+    prompts.push_back(random_context(4 + 3 * k, target_shape.vocab, g));
+  const std::size_t new_tokens = slow_build ? 8 : 24;
+  const auto tokens = decode_batch(target_model, draft_model, prompts, 9, new_tokens,
+                                   {.temperature = 0.0}, 4, 7, 4);
+  for (std::size_t k = 0; k < tokens.size(); ++k) {
+    Engine engine(target_model);
+    llama::RunOptions run;
+    run.sampling = {.temperature = 0.0};
+    run.max_new_tokens = new_tokens;
+    INFO("sequence " << k);
+    CHECK(tokens[k] == llama::generate_plain(engine, prompts[k % prompts.size()], run).tokens);
+  }
+}
+
+TEST_CASE(
+    "llama batch decoding: at T > 0 every sequence decoded together on lane engines follows "
+    "the target's law") {
+  ExactnessSetup setup;
+  const std::vector<Tokens> prompts{setup.prompt};
+  const auto tokens = decode_batch(setup.target_model, setup.draft_model, prompts, setup.samples,
+                                   law_length, setup.sampling, 32, 2027, 2);
+  std::vector<std::uint64_t> counts(setup.law.size(), 0);
+  for (const Tokens& sequence : tokens) {
+    REQUIRE(sequence.size() == law_length);
+    ++counts[cell_of(sequence, setup.target_shape.vocab)];
+  }
+  const auto result = specdec::stats::chi_square_test(counts, setup.law);
+  INFO(setup.samples << " sequences, 32 at a time: " << result.describe());
+  CHECK(result.passed());
+  // Power: the same counts against the draft's law.
+  const std::vector<double> draft_law = sequence_law(setup.draft, setup.prompt, setup.sampling);
+  CHECK_FALSE(specdec::stats::chi_square_test(counts, draft_law).passed());
 }

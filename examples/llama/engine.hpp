@@ -15,6 +15,19 @@
 // only stage work; the forward pass runs once per call, over every staged position (the
 // previous step's correction token, the drafts, the tree nodes) together.
 //
+// Many sequences (lanes): an engine built with `lanes` > 1 also serves specdec's batch
+// decoder (batch_decoder.hpp), one KV cache region per sequence, keyed by the sequence id:
+//
+//   score_batch_logits(requests)  every request's drafted prefixes (drafts + 1 rows each),
+//                                 all sequences in ONE forward pass: the weights are read
+//                                 once for every position of every sequence
+//   draft_batch_logits(requests)  one row per request (after context + drafts), one pass
+//   release_sequence(id)          the sequence left: its lane is free for another
+//
+// Each lane keeps its cache in line with its sequence's context through its own
+// CachedContext; a free lane taken by a new sequence keeps the prefix they share (a common
+// prompt is not evaluated again).
+//
 // Every position's result is bit-identical whether evaluated alone, in a batch or in a tree
 // (kernels.hpp, "Batch invariance"), so greedy speculative decoding reproduces greedy plain
 // decoding token for token. Given a ThreadPool (threads.hpp), the engine splits its larger
@@ -33,6 +46,7 @@
 
 #include "kernels.hpp"
 #include "model.hpp"
+#include "specdec/batch_decoder.hpp"
 #include "specdec/cached_context.hpp"
 #include "specdec/concepts.hpp"
 #include "specdec/draft_tree.hpp"
@@ -58,15 +72,20 @@ class Engine {
   };
 
   /// An engine over `model` (which must outlive it) with room for `capacity` cached
-  /// positions (0: the model's context length, at most 4096). With `threads` (which must
-  /// outlive it too; several engines may share one) its matrix products run on all of the
-  /// pool's threads; without, on the calling thread. Results are the same either way.
-  explicit Engine(const Model& model, std::size_t capacity = 0, ThreadPool* threads = nullptr)
+  /// positions (0: the model's context length, at most 4096) per lane. With `threads` (which
+  /// must outlive it too; several engines may share one) its matrix products run on all of
+  /// the pool's threads; without, on the calling thread. Results are the same either way.
+  /// `lanes` sequences can be served at once by the batch calls; the single-sequence calls
+  /// use lane 0.
+  explicit Engine(const Model& model, std::size_t capacity = 0, ThreadPool* threads = nullptr,
+                  std::size_t lanes = 1)
       : model_(&model),
         threads_(threads),
         config_(model.config()),
-        capacity_(capacity != 0 ? capacity : std::min<std::size_t>(config_.context_length, 4096)) {
-    const std::size_t kv = config_.layers * capacity_ * config_.kv_dim();
+        capacity_(capacity != 0 ? capacity : std::min<std::size_t>(config_.context_length, 4096)),
+        lanes_(std::max<std::size_t>(lanes, 1)) {
+    slots_ = lanes_.size() * capacity_;
+    const std::size_t kv = config_.layers * slots_ * config_.kv_dim();
     keys_.assign(kv, 0.0F);
     values_.assign(kv, 0.0F);
     scores_.resize(attention_tasks * capacity_);
@@ -79,7 +98,8 @@ class Engine {
       if (!config_.rope_divisors.empty()) f /= config_.rope_divisors[i];
       inverse_frequencies_[i] = f;
     }
-    cache_.reserve(capacity_, 64);
+    for (Lane& lane : lanes_) lane.cache.reserve(capacity_, lanes_.size() == 1 ? 64 : 0);
+    order_.reserve(lanes_.size());
     reserve_columns(16);
   }
 
@@ -89,16 +109,20 @@ class Engine {
   [[nodiscard]] std::size_t vocab_size() const noexcept { return config_.vocab; }
   [[nodiscard]] const Model& model() const noexcept { return *model_; }
   [[nodiscard]] std::size_t capacity() const noexcept { return capacity_; }
-  /// Positions the KV cache holds (without a pending tree's slots).
-  [[nodiscard]] std::size_t cached() const noexcept { return cached_; }
+  [[nodiscard]] std::size_t lanes() const noexcept { return lanes_.size(); }
+  /// Positions lane 0's KV cache holds (without a pending tree's slots).
+  [[nodiscard]] std::size_t cached() const noexcept { return lanes_[0].cached; }
   [[nodiscard]] const Counters& counters() const noexcept { return counters_; }
   void reset_counters() noexcept { counters_ = {}; }
   /// Forgets the cache (the next call evaluates its whole context).
   void reset() noexcept {
-    cache_.clear();
-    cached_ = 0;
+    for (Lane& lane : lanes_) {
+      lane.cache.clear();
+      lane.cached = 0;
+      lane.pending.clear();
+      lane.rows = 0;
+    }
     tree_slots_ = 0;
-    pending_.clear();
     pending_tree_ = false;
   }
 
@@ -107,8 +131,8 @@ class Engine {
   /// The logits after `context` (one row of vocab_size()).
   std::span<const float> next_token_logits(std::span<const specdec::token_id> context) {
     check_context(context, 0);
-    cache_.sync(context, *this, 1);  // re-evaluates the last position if it is cached
-    run(1, false);
+    lanes_[0].cache.sync(context, *this, 1);  // re-evaluates the last position if it is cached
+    single(1, false);
     return {logits_.data(), config_.vocab};
   }
 
@@ -116,10 +140,11 @@ class Engine {
   specdec::RowsView<const float> score_draft_logits(std::span<const specdec::token_id> context,
                                                     std::span<const specdec::token_id> draft) {
     check_context(context, draft.size());
-    joined_.assign(context.begin(), context.end());
-    joined_.insert(joined_.end(), draft.begin(), draft.end());
-    cache_.sync(joined_, *this, draft.size() + 1);
-    run(draft.size() + 1, false);
+    Lane& lane = lanes_[0];
+    lane.joined.assign(context.begin(), context.end());
+    lane.joined.insert(lane.joined.end(), draft.begin(), draft.end());
+    lane.cache.sync(lane.joined, *this, draft.size() + 1);
+    single(draft.size() + 1, false);
     return {logits_.data(), draft.size() + 1, config_.vocab};
   }
 
@@ -127,27 +152,53 @@ class Engine {
   specdec::RowsView<const float> score_tree_logits(std::span<const specdec::token_id> context,
                                                    const specdec::TokenTreeView& tree) {
     check_context(context, tree.size() > 0 ? tree.size() - 1 : 0);
-    cache_.sync(context, *this, 1);
-    cache_.append_tree(tree, *this);  // stages the nodes: the pass below evaluates them
-    run(1, tree.size() > 1);
+    lanes_[0].cache.sync(context, *this, 1);
+    lanes_[0].cache.append_tree(tree, *this);  // stages the nodes: the pass below evaluates them
+    single(1, tree.size() > 1);
     return {logits_.data(), std::max<std::size_t>(tree.size(), 1), config_.vocab};
   }
 
-  // ---- the hooks specdec::CachedContext calls (they stage; run() evaluates) --------------
+  // ---- many sequences (specdec::BatchDecoder, through specdec::LogitsModel) ------------
+
+  /// For each request in order, the logits after context, context + drafts[0], ...,
+  /// context + drafts (drafts + 1 rows): every request's new positions in one forward pass.
+  /// Throws engine_error for more sequences than lanes, an empty context, a context longer
+  /// than a lane's capacity or a token outside the vocabulary (the caches are then reset).
+  specdec::RowsView<const float> score_batch_logits(
+      std::span<const specdec::BatchScoreRequest> requests) {
+    return batch(requests, true);
+  }
+
+  /// For each request in order, the logits after context + drafts: one row per request,
+  /// one forward pass.
+  specdec::RowsView<const float> draft_batch_logits(
+      std::span<const specdec::BatchScoreRequest> requests) {
+    return batch(requests, false);
+  }
+
+  /// Sequence `id` left the batch: its lane is free (its cache is kept until another
+  /// sequence takes the lane, which reuses the prefix they share). Unknown ids are ignored.
+  void release_sequence(std::uint64_t id) noexcept {
+    for (Lane& lane : lanes_) {
+      if (lane.used && lane.id == id) lane.used = false;
+    }
+  }
+
+  // ---- the hooks specdec::CachedContext calls on lane 0 (they stage; run() evaluates) ----
 
   /// Forgets cached positions >= n. Tree slots below n stay: CachedContext truncates to the
   /// end of an accepted tree path that already sits at positions base, base + 1, ...
   void truncate(std::size_t n) noexcept {
-    cached_ = std::min(n, cached_ + tree_slots_);
+    lanes_[0].cached = std::min(n, lanes_[0].cached + tree_slots_);
     tree_slots_ = 0;
   }
   /// Stages `tokens` at the next positions. Tree slots still held here are an accepted path
   /// that was the whole tree and already in place (CachedContext then calls neither truncate
   /// nor keep_tree_path): they are cached positions now, and `tokens` go after them.
   void append(std::span<const specdec::token_id> tokens) {
-    cached_ += tree_slots_;
+    lanes_[0].cached += tree_slots_;
     tree_slots_ = 0;
-    pending_.insert(pending_.end(), tokens.begin(), tokens.end());
+    lanes_[0].pending.insert(lanes_[0].pending.end(), tokens.begin(), tokens.end());
   }
   /// Stages the nodes of `tree` past the root: node i at slot base + i - 1 and position
   /// base + depth(i) - 1, base = the context length.
@@ -168,17 +219,29 @@ class Engine {
         std::copy_n(value(layer, slots[k]), kv_dim, value(layer, base + k));
       }
     }
-    cached_ = base + slots.size();
+    lanes_[0].cached = base + slots.size();
     tree_slots_ = 0;
   }
 
  private:
+  // One sequence's region of the KV cache: slots [index * capacity_, (index + 1) * capacity_).
+  struct Lane {
+    specdec::CachedContext cache;
+    std::size_t cached = 0;                  // positions 0 .. cached - 1 are in the cache
+    std::vector<specdec::token_id> pending;  // staged positions cached, cached + 1, ...
+    std::size_t rows = 0;                    // logits wanted: the last `rows` staged positions
+    std::uint64_t id = 0;                    // the sequence holding the lane (if used)
+    bool used = false;
+    std::vector<specdec::token_id> joined;  // context + drafts
+  };
+
   // One staged position of a forward pass.
   struct Entry {
     specdec::token_id token = 0;
-    std::size_t position = 0;     // rotary position
-    std::size_t slot = 0;         // cache row its K and V go to
-    std::size_t prefix = 0;       // attends to slots [0, prefix) ...
+    std::size_t position = 0;      // rotary position
+    std::size_t slot = 0;          // cache row its K and V go to
+    std::size_t prefix_begin = 0;  // attends to slots [prefix_begin, prefix) (its lane's) ...
+    std::size_t prefix = 0;
     std::size_t extra_begin = 0;  // ... and to extra_slots_[extra_begin, extra_end)
     std::size_t extra_end = 0;
   };
@@ -196,10 +259,10 @@ class Engine {
   }
 
   float* key(std::size_t layer, std::size_t slot) noexcept {
-    return keys_.data() + (layer * capacity_ + slot) * config_.kv_dim();
+    return keys_.data() + (layer * slots_ + slot) * config_.kv_dim();
   }
   float* value(std::size_t layer, std::size_t slot) noexcept {
-    return values_.data() + (layer * capacity_ + slot) * config_.kv_dim();
+    return values_.data() + (layer * slots_ + slot) * config_.kv_dim();
   }
 
   void reserve_columns(std::size_t columns) {
@@ -219,39 +282,117 @@ class Engine {
     reserved_columns_ = columns;
   }
 
-  // Evaluates everything staged in one forward pass: logits for the last `linear_rows`
-  // staged linear positions, then for every staged tree node.
-  void run(std::size_t linear_rows, bool tree) {
+  // A single-sequence call: lane 0's staged positions (logits for the last `linear_rows`),
+  // then a staged tree's nodes.
+  void single(std::size_t linear_rows, bool tree) {
+    lanes_[0].rows = linear_rows;
+    order_.assign(1, 0);
+    run(tree);
+  }
+
+  // The batch calls: each request's lane synced to context + drafts, its new positions
+  // staged, and `all_rows` ? drafts + 1 : 1 rows of logits, in request order.
+  specdec::RowsView<const float> batch(std::span<const specdec::BatchScoreRequest> requests,
+                                       bool all_rows) {
+    order_.clear();
     try {
-      evaluate(linear_rows, tree);
+      for (const specdec::BatchScoreRequest& request : requests) {
+        check_context(request.context, request.drafts.size());
+        const std::size_t index = lane_of(request.id);
+        for (const std::size_t taken : order_) {
+          if (taken == index) {
+            throw engine_error("sequence " + std::to_string(request.id) +
+                               " appears twice in one batch call");
+          }
+        }
+        Lane& lane = lanes_[index];
+        lane.joined.assign(request.context.begin(), request.context.end());
+        lane.joined.insert(lane.joined.end(), request.drafts.begin(), request.drafts.end());
+        const std::size_t rows = all_rows ? request.drafts.size() + 1 : 1;
+        lane.cache.sync(
+            std::span<const specdec::token_id>(lane.joined),
+            [&lane](std::size_t n) { lane.cached = std::min(n, lane.cached); },
+            [&lane](std::span<const specdec::token_id> tokens) {
+              lane.pending.insert(lane.pending.end(), tokens.begin(), tokens.end());
+            },
+            rows);
+        lane.rows = rows;
+        order_.push_back(index);
+      }
+    } catch (...) {
+      reset();
+      throw;
+    }
+    run(false);
+    std::size_t rows = 0;
+    for (const std::size_t index : order_) rows += lanes_[index].rows;
+    return {logits_.data(), rows, config_.vocab};
+  }
+
+  // The lane of sequence `id`: its own, else a free one (preferring a never-used one is not
+  // needed: a lane's cache only helps the next sequence that shares its prefix).
+  std::size_t lane_of(std::uint64_t id) {
+    std::size_t free = lanes_.size();
+    for (std::size_t i = 0; i < lanes_.size(); ++i) {
+      if (lanes_[i].used && lanes_[i].id == id) return i;
+      if (!lanes_[i].used && free == lanes_.size()) free = i;
+    }
+    if (free == lanes_.size()) {
+      throw engine_error("sequence " + std::to_string(id) + ": all " +
+                         std::to_string(lanes_.size()) + " lanes of the engine are taken (" +
+                         model_->path() + "); build it with more lanes");
+    }
+    lanes_[free].used = true;
+    lanes_[free].id = id;
+    return free;
+  }
+
+  // Evaluates everything staged in one forward pass: for each lane in order_, its staged
+  // positions (logits for the last `rows`), then lane 0's staged tree if `tree`.
+  void run(bool tree) {
+    try {
+      evaluate(tree);
     } catch (...) {
       reset();  // the cache's state is unknown: start over on the next call
       throw;
     }
   }
 
-  void evaluate(std::size_t linear_rows, bool tree) {
-    const std::size_t base = cached_;
-    const std::size_t linear = pending_.size();
+  void evaluate(bool tree) {
     const std::size_t nodes = (tree && pending_tree_) ? tree_tokens_.size() - 1 : 0;
-    const std::size_t columns = linear + nodes;
-    if (base + columns > capacity_) {
-      throw engine_error("the cache would hold " + std::to_string(base + columns) +
-                         " positions, more than its capacity of " + std::to_string(capacity_));
-    }
-    if (linear_rows > linear) {
-      throw engine_error("internal: " + std::to_string(linear_rows) + " rows asked of " +
-                         std::to_string(linear) + " new positions");
+    std::size_t columns = nodes;
+    std::size_t output_rows = nodes;
+    for (const std::size_t index : order_) {
+      const Lane& lane = lanes_[index];
+      const std::size_t linear = lane.pending.size();
+      const std::size_t extra = index == 0 ? nodes : 0;
+      if (lane.cached + linear + extra > capacity_) {
+        throw engine_error("the cache would hold " + std::to_string(lane.cached + linear + extra) +
+                           " positions, more than its capacity of " + std::to_string(capacity_));
+      }
+      if (lane.rows > linear) {
+        throw engine_error("internal: " + std::to_string(lane.rows) + " rows asked of " +
+                           std::to_string(linear) + " new positions");
+      }
+      columns += linear;
+      output_rows += lane.rows;
     }
     reserve_columns(columns);
     entries_.clear();
     extra_slots_.clear();
-    for (std::size_t i = 0; i < linear; ++i) {
-      entries_.push_back({pending_[i], base + i, base + i, base + i + 1, 0, 0});
+    for (const std::size_t index : order_) {
+      const Lane& lane = lanes_[index];
+      const std::size_t region = index * capacity_;
+      for (std::size_t i = 0; i < lane.pending.size(); ++i) {
+        const std::size_t position = lane.cached + i;
+        entries_.push_back(
+            {lane.pending[i], position, region + position, region, region + position + 1, 0, 0});
+      }
     }
-    const std::size_t tree_base = base + linear;  // slot of node 1
+    const std::size_t tree_base = lanes_[0].cached + lanes_[0].pending.size();  // node 1's slot
     for (std::size_t i = 1; i <= nodes; ++i) {
-      Entry e{tree_tokens_[i], tree_base + tree_depths_[i] - 1, tree_base + i - 1, tree_base, 0, 0};
+      Entry e{
+          tree_tokens_[i], tree_base + tree_depths_[i] - 1, tree_base + i - 1, 0, tree_base, 0, 0};
       // Ancestors below the root, root side first (their slots increase along the path),
       // then the node itself: keys in position order, as a linear context would have them.
       e.extra_begin = extra_slots_.size();
@@ -273,13 +414,21 @@ class Engine {
       }
     }
     forward(columns);
-    // Output rows, through one product so that the output matrix is streamed once: the last
-    // linear_rows linear entries, then the tree nodes (a long prompt needs one row, not one
-    // per position).
-    const std::size_t output_rows = columns - (linear - linear_rows);
+    // Output rows, through one product so that the output matrix is streamed once: each
+    // lane's last `rows` entries in order, then the tree nodes (a long prompt needs one row,
+    // not one per position).
     if (logits_.size() < output_rows * config_.vocab) logits_.resize(output_rows * config_.vocab);
     std::size_t rows = 0;
-    for (std::size_t i = linear - linear_rows; i < columns; ++i, ++rows) {
+    std::size_t column = 0;
+    for (const std::size_t index : order_) {
+      const Lane& lane = lanes_[index];
+      column += lane.pending.size();
+      for (std::size_t i = column - lane.rows; i < column; ++i, ++rows) {
+        rms_norm(x_.data() + i * config_.dim, model_->output_norm().data(),
+                 t_.data() + rows * config_.dim, config_.dim, config_.rms_eps);
+      }
+    }
+    for (std::size_t i = column; i < columns; ++i, ++rows) {
       rms_norm(x_.data() + i * config_.dim, model_->output_norm().data(),
                t_.data() + rows * config_.dim, config_.dim, config_.rms_eps);
     }
@@ -288,9 +437,12 @@ class Engine {
     counters_.logit_rows += rows;
     ++counters_.forward_passes;
     counters_.positions += columns;
-    cached_ = base + linear;
+    for (const std::size_t index : order_) {
+      Lane& lane = lanes_[index];
+      lane.cached += lane.pending.size();
+      lane.pending.clear();
+    }
     tree_slots_ = nodes;
-    pending_.clear();
     pending_tree_ = false;
   }
 
@@ -412,17 +564,19 @@ class Engine {
     const Entry& e = entries_[j];
     const std::size_t hd = c.head_dim, kv_dim = c.kv_dim();
     const std::size_t extras = e.extra_end - e.extra_begin;
-    const std::size_t count = e.prefix + extras;
-    const float* keys = keys_.data() + layer * capacity_ * kv_dim;
-    const float* values = values_.data() + layer * capacity_ * kv_dim;
+    const std::size_t prefix = e.prefix - e.prefix_begin;
+    const std::size_t count = prefix + extras;
+    const float* keys = keys_.data() + layer * slots_ * kv_dim;
+    const float* values = values_.data() + layer * slots_ * kv_dim;
     for (std::size_t h = 0; h < c.heads; ++h) {
       const float* q = q_.data() + j * c.q_dim() + h * hd;
       const std::size_t offset = (h / group) * hd;
-      kernels::attention_scores(q, keys + offset, kv_dim, e.prefix, hd, scale, scores);
+      const std::size_t first = e.prefix_begin * kv_dim + offset;
+      kernels::attention_scores(q, keys + first, kv_dim, prefix, hd, scale, scores);
       for (std::size_t x = 0; x < extras; ++x) {
         const std::size_t slot = extra_slots_[e.extra_begin + x];
         kernels::attention_scores(q, keys + slot * kv_dim + offset, kv_dim, 1, hd, scale,
-                                  scores + e.prefix + x);
+                                  scores + prefix + x);
       }
       float maximum = -std::numeric_limits<float>::infinity();
       for (std::size_t t = 0; t < count; ++t) maximum = std::max(maximum, scores[t]);
@@ -433,10 +587,10 @@ class Engine {
       for (std::size_t t = 0; t < count; ++t) scores[t] *= inverse;
       float* out = a_.data() + j * c.q_dim() + h * hd;
       std::fill_n(out, hd, 0.0F);
-      kernels::attention_values(scores, values + offset, kv_dim, e.prefix, hd, out);
+      kernels::attention_values(scores, values + first, kv_dim, prefix, hd, out);
       for (std::size_t x = 0; x < extras; ++x) {
         const std::size_t slot = extra_slots_[e.extra_begin + x];
-        kernels::attention_values(scores + e.prefix + x, values + slot * kv_dim + offset, kv_dim, 1,
+        kernels::attention_values(scores + prefix + x, values + slot * kv_dim + offset, kv_dim, 1,
                                   hd, out);
       }
     }
@@ -452,14 +606,14 @@ class Engine {
   const Model* model_;
   ThreadPool* threads_;
   Config config_;
-  std::size_t capacity_;
-  specdec::CachedContext cache_;
-  std::size_t cached_ = 0;            // KV rows holding positions 0 .. cached_ - 1
-  std::size_t tree_slots_ = 0;        // tree node slots after them (until the next sync)
+  std::size_t capacity_;  // per lane
+  std::vector<Lane> lanes_;
+  std::size_t slots_ = 0;             // lanes * capacity
+  std::vector<std::size_t> order_;    // the lanes of this pass, in output order
+  std::size_t tree_slots_ = 0;        // lane 0's tree node slots after its cached positions
   std::vector<float> keys_, values_;  // [layer][slot][kv_dim]
   std::vector<double> inverse_frequencies_;
-  // staged work
-  std::vector<specdec::token_id> pending_;
+  // staged work (linear positions: in the lanes)
   bool pending_tree_ = false;
   std::vector<specdec::token_id> tree_tokens_;
   std::vector<std::size_t> tree_parents_, tree_depths_;
@@ -468,7 +622,6 @@ class Engine {
   std::vector<Entry> entries_;
   std::vector<std::size_t> extra_slots_;
   std::vector<float> x_, h_, t_, q_, k_, v_, a_, gate_, up_, logits_, rope_, scores_;
-  std::vector<specdec::token_id> joined_;
   Counters counters_;
 };
 

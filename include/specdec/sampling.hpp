@@ -1084,6 +1084,33 @@ class LogitsModel {
     return convert_rows(as_rows(scored));
   }
 
+  /// Row-wise standardize(softmax(...)) of score_batch_logits(requests): the batch
+  /// decoder's BatchScoringModel::score_batch (batch_decoder.hpp) for an engine of logits.
+  template <class Requests>
+  requires requires(M& model, const Requests& requests) {
+    { model.score_batch_logits(requests) } -> ProbabilityMatrix;
+  }
+  RowsView<const scalar_type> score_batch(const Requests& requests) {
+    const auto& scored = model_->score_batch_logits(requests);
+    return convert_rows(as_rows(scored));
+  }
+
+  /// Row-wise standardize(softmax(...)) of draft_batch_logits(requests): the batch
+  /// decoder's BatchDraftModel::draft_batch.
+  template <class Requests>
+  requires requires(M& model, const Requests& requests) {
+    { model.draft_batch_logits(requests) } -> ProbabilityMatrix;
+  }
+  RowsView<const scalar_type> draft_batch(const Requests& requests) {
+    const auto& scored = model_->draft_batch_logits(requests);
+    return convert_rows(as_rows(scored));
+  }
+
+  /// Forwards release_sequence(id) to a model that has it.
+  template <std::same_as<std::uint64_t> Id>
+  requires requires(M& model, Id id) { model.release_sequence(id); }
+  void release_sequence(Id id) { model_->release_sequence(id); }
+
   [[nodiscard]] M& model() const noexcept { return *model_; }
   [[nodiscard]] const SamplingOptions& sampling() const noexcept { return standardizer_.options(); }
 
