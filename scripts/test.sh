@@ -5,7 +5,8 @@
 #   Clang builds keep line tables only, all their reports need), the CMake consumer
 #   projects (find_package after install, and add_subdirectory), every benchmark binary
 #   run briefly, a ThreadSanitizer build of the thread-safety tests (build/tsan, targets
-#   thread_safety_test, llama_threads_test, batch_verification_test, batch_decoder_test), a GCC
+#   thread_safety_test, llama_threads_test, batch_verification_test, batch_decoder_test,
+#   batch_gamma_test), a GCC
 #   -march=native build of the kernel-path and sampling tests (build/native: every kernel path bitwise equal when the
 #   compiler may use FMA), and the libFuzzer harnesses of tests/fuzz (the library's verification and decoder, the llama
 #   engine example's GGUF loading) built with -fsanitize=fuzzer,address,undefined
@@ -139,13 +140,15 @@ if [ "${SPECDEC_SKIP_TSAN:-0}" != 1 ]; then
     -DCMAKE_CXX_FLAGS="-fsanitize=thread" -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" \
     -DSPECDEC_BUILD_BENCHMARKS=OFF -DSPECDEC_BUILD_EXAMPLES=OFF >"$log" 2>&1 &&
     cmake --build build/tsan --target thread_safety_test llama_threads_test batch_verification_test \
-      batch_decoder_test -j "$jobs" >>"$log" 2>&1 &&
+      batch_decoder_test batch_gamma_test -j "$jobs" >>"$log" 2>&1 &&
     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
       build/tsan/tests/thread_safety_test >>"$log" 2>&1 &&
     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
       build/tsan/tests/batch_verification_test >>"$log" 2>&1 &&
     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
       build/tsan/tests/batch_decoder_test >>"$log" 2>&1 &&
+    TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
+      build/tsan/tests/batch_gamma_test >>"$log" 2>&1 &&
     TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" \
       build/tsan/tests/llama_threads_test >>"$log" 2>&1; then
     cases=$(sed -n 's/.*assertions in \([0-9]*\) test cases.*/\1/p' "$log" |

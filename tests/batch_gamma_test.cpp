@@ -220,17 +220,24 @@ TEST_CASE("BatchGammaPlanner: the measured cost curve", "[batch_gamma]") {
   // A cheaper measurement at a larger P does not make the curve decrease.
   planner.observe_step(0, 0.0, 32, 1.0);
   CHECK(planner.target_cost(32) == Catch::Approx(2.6));
-  // Forgetting 0.5: the bucket's mean moves halfway... weighted (1 * 0.5 * 2.6 + 1 * 5.6) / 1.5.
+  // Within a step (no plan between) observations of a bucket average evenly ...
   planner.observe_step(0, 0.0, 16, 5.6);
-  CHECK(planner.target_cost(16) == Catch::Approx((0.5 * 2.6 + 5.6) / 1.5));
+  CHECK(planner.target_cost(16) == Catch::Approx(4.1));
+  // ... and every plan (batch step) discounts the evidence by `forgetting`.
+  std::vector<std::size_t> none;
+  (void)planner.plan({}, none, none);
+  planner.observe_step(0, 0.0, 16, 1.1);
+  CHECK(planner.target_cost(16) == Catch::Approx((0.5 * (2.6 + 5.6) + 1.1) / (0.5 * 2 + 1)));
   // Draft cost: seconds per drafted token, discounted alike.
   planner.observe_step(10, 0.5, 20, 3.0);
   CHECK(planner.draft_cost() == Catch::Approx(0.05));
+  (void)planner.plan({}, none, none);
   planner.observe_step(10, 1.5, 20, 3.0);
   CHECK(planner.draft_cost() == Catch::Approx((0.5 * 0.5 + 1.5) / (0.5 * 10 + 10)));
   // Bad times are ignored.
+  const double before = planner.target_cost(64);
   planner.observe_step(10, std::nan(""), 64, -1.0);
-  CHECK(planner.target_cost(64) == Catch::Approx(7.4));
+  CHECK(planner.target_cost(64) == before);
   // A given cost is used as given and never measured.
   BatchGammaPlanner given(
       {.target_cost = [](std::size_t p) { return 2.0 * static_cast<double>(p); },
@@ -238,6 +245,28 @@ TEST_CASE("BatchGammaPlanner: the measured cost curve", "[batch_gamma]") {
   given.observe_step(10, 100.0, 4, 100.0);
   CHECK(given.target_cost(4) == 8.0);
   CHECK(given.draft_cost() == 0.3);
+}
+
+TEST_CASE("BatchGammaPlanner: a slow measurement not revisited is interpolated over again",
+          "[batch_gamma]") {
+  // P = 8 measured once at 10 (a noisy step); P = 4 and 16 keep being measured at their
+  // affine costs. While the slow point is fresh the curve holds it; after ~114 steps
+  // (forgetting 0.98: weight below 0.1) it is interpolated over, the range's ends stay.
+  BatchGammaPlanner planner({.forgetting = 0.98});
+  std::vector<std::size_t> none;
+  planner.observe_step(0, 0.0, 8, 10.0);
+  planner.observe_step(0, 0.0, 64, 7.4);  // the range's end, never visited again
+  std::size_t steps = 0;
+  for (; steps < 300 && planner.target_cost(8) > 9.0; ++steps) {
+    (void)planner.plan({}, none, none);
+    planner.observe_step(0, 0.0, 4, 1.4);
+    planner.observe_step(0, 0.0, 16, 2.6);
+  }
+  INFO("stale after " << steps << " steps");
+  CHECK(steps >= 100);
+  CHECK(steps <= 120);
+  CHECK(planner.target_cost(8) == Catch::Approx(1.4 + 1.2 * 4.0 / 12.0));
+  CHECK(planner.target_cost(64) == Catch::Approx(7.4));  // the end stays, stale or not
 }
 
 TEST_CASE("BatchGammaPlanner: unmeasured batch sizes are tried, then judged by their cost",
@@ -280,7 +309,9 @@ TEST_CASE("SequenceAcceptance: shrinks to the pool and decays without drafts", "
     planner.observe_acceptance(good, 4, 4);
     planner.observe_acceptance(bad, 0, 0);  // gamma 0 steps: no trials, the counts decay
   }
-  CHECK(planner.alpha(bad) > 0.9);  // drifted back to the pool: it will be tried again
+  // Drifted back to the pool: it will be tried again.
+  CHECK(planner.alpha(bad) == Catch::Approx(planner.pooled_alpha()).margin(0.01));
+  CHECK(planner.alpha(bad) > 0.85);
 }
 
 namespace {
@@ -462,8 +493,10 @@ TEST_CASE(
                         << " sequence steps; compute-bound: " << compute.drafted << " in "
                         << compute.steps);
   CHECK(memory.drafted > 2 * memory.steps);
-  CHECK(compute.drafted <= 16 * 6);  // the first, optimistic step only
-  CHECK(compute.steps >= 16 * 38);   // about one token per step
+  // The first two, optimistic steps only: nothing is measured before the second, since the
+  // first is every sequence's first step (a KV-cache engine's prefill).
+  CHECK(compute.drafted <= 2 * 16 * 6);
+  CHECK(compute.steps >= 16 * 38);  // about one token per step
   const auto again = decode_planned(target_chain, draft_chain, flat, 0.001, 16, 40, sampling, 16);
   CHECK(again.tokens == memory.tokens);
   CHECK(again.drafted == memory.drafted);

@@ -145,6 +145,8 @@ struct BatchDecoderOptions {
   /// Draft lengths chosen for the whole batch each step (batch_gamma.hpp): from each
   /// sequence's measured acceptance and the measured (or given) cost of a target call as a
   /// function of the positions it scores. Empty: each sequence's own gamma_policy decides.
+  /// Steps in which a sequence takes its first step are not measured: a KV-cache engine
+  /// evaluates that sequence's prompt in them (prefill), which drafting does not cost.
   std::optional<BatchGammaOptions> batch_gamma{};
   /// Time source of the planner's measurements (read only with batch_gamma and no given
   /// target_cost): before drafting, before scoring and after verification. Seconds on any
@@ -258,7 +260,11 @@ class BatchDecoder {
   std::size_t step() {
     if (active_.empty()) return 0;
     ++steps_;
-    const bool timed = planner_ && !options_.batch_gamma->target_cost;
+    // A sequence's first step also evaluates its prompt in a KV-cache engine (prefill):
+    // such steps would charge that work to the drafts, so their costs are not measured.
+    const bool timed = planner_ && !options_.batch_gamma->target_cost &&
+                       std::none_of(active_.begin(), active_.end(),
+                                    [](const Active& a) { return a.result.steps == 0; });
     if (planner_) plan_gammas();
     const double started = timed ? now() : 0.0;
     draft_all();

@@ -25,16 +25,18 @@
 //
 // T(P) is given (`target_cost`) or measured: each step's (positions, seconds) is averaged in
 // a bucket of nearby position counts (eight buckets per doubling), the costs between measured
-// buckets are interpolated linearly and made non-decreasing in P, and outside the measured
+// buckets are interpolated linearly and made non-decreasing in P (a bucket not visited for
+// long is interpolated over, so that it is measured again), and outside the measured
 // range the planner is optimistic (T(P) = T(P_min) P / P_min below it, T(P_max) above it,
 // both lower bounds when cost per position does not grow), so it tries an unmeasured batch
 // size once and learns its cost instead of never visiting it. d is given or measured alike
 // (seconds per drafted token).
 //
 // alpha_b: each sequence keeps discounted counts of accepted drafts and rejections
-// (SequenceAcceptance), shrunk towards the batch's pooled estimate, which is shrunk towards
-// the prior. A sequence's counts decay every step, also steps it drafts nothing in, so a
-// sequence given gamma 0 drifts back to the pooled alpha and is tried again.
+// (SequenceAcceptance), shrunk towards the batch's pooled estimate (every sequence's
+// evidence, discounted once per batch step), which is shrunk towards the prior. A sequence's counts
+// decay every step, also steps it drafts nothing in, so a sequence given gamma 0 drifts back to the
+// pooled alpha and is tried again.
 //
 // Like every gamma policy, the planner changes speed only: each sequence's step is an exact
 // speculative sampling step whatever gamma it gets (gamma 0: one token sampled from p).
@@ -63,7 +65,8 @@ struct BatchGammaOptions {
   double prior_alpha = 0.5;
   double prior_trials = 4.0;
   /// Per-step discount of evidence in (0, 1]: acceptance counts and measured costs average
-  /// over roughly the last 1 / (1 - forgetting) observations.
+  /// over roughly the last 1 / (1 - forgetting) steps (a sequence's own counts: its steps;
+  /// the pooled counts and the costs: batch steps, i.e. plans).
   double forgetting = 0.98;
   /// The cost T(P) of a target call scoring P positions (and verifying them), in seconds or
   /// any unit shared with draft_cost. Empty: measured from observe_step.
@@ -153,29 +156,33 @@ class BatchGammaPlanner {
     return pooled_.alpha(options_.prior_alpha, options_.prior_trials);
   }
 
-  /// Records a sequence's step in its own counts and in the pooled ones.
+  /// Records a sequence's step in its own counts and in the pooled ones (which decay once
+  /// per plan, i.e. per batch step, not per sequence).
   void observe_acceptance(SequenceAcceptance& sequence, std::size_t drafted,
                           std::size_t accepted) noexcept {
     sequence.observe(drafted, accepted, options_.forgetting);
-    if (drafted > 0) pooled_.observe(drafted, accepted, options_.forgetting);
+    if (drafted > 0) pooled_.observe(drafted, accepted, 1.0);
   }
 
   /// Records a step's costs: `drafts` tokens drafted in `draft_seconds`, a target call
   /// (with verification) over `positions` positions in `target_seconds`. Ignored for a
-  /// given target_cost, and for times that are negative or not finite.
+  /// given target_cost, and for times that are negative or not finite. The evidence decays
+  /// once per plan (per batch step); a bucket inside the measured range whose weight fell
+  /// below 0.1 (not visited for about log(0.1) / log(forgetting) steps, 114 at 0.98) is
+  /// interpolated over until measured again, so one slow measurement cannot keep the
+  /// planner away from a number of positions for good.
   void observe_step(std::size_t drafts, double draft_seconds, std::size_t positions,
                     double target_seconds) noexcept {
     if (options_.target_cost) return;
-    const double f = options_.forgetting;
     if (drafts > 0 && draft_seconds >= 0.0 && std::isfinite(draft_seconds)) {
-      draft_seconds_ = f * draft_seconds_ + draft_seconds;
-      drafted_ = f * drafted_ + static_cast<double>(drafts);
+      draft_seconds_ += draft_seconds;
+      drafted_ += static_cast<double>(drafts);
     }
     if (positions == 0 || !(target_seconds >= 0.0) || !std::isfinite(target_seconds)) return;
     Bucket& bucket = buckets_[bucket_of(positions)];
-    bucket.weight = f * bucket.weight + 1.0;
-    bucket.positions = f * bucket.positions + static_cast<double>(positions);
-    bucket.seconds = f * bucket.seconds + target_seconds;
+    bucket.weight += 1.0;
+    bucket.positions += static_cast<double>(positions);
+    bucket.seconds += target_seconds;
   }
 
   /// T(P) as the planner models it (given, measured, or 1 before any measurement).
@@ -213,7 +220,10 @@ class BatchGammaPlanner {
     BatchGammaPlan plan;
     plan.positions = sequences;
     plan.expected_tokens = static_cast<double>(sequences);
-    if (sequences == 0) return plan;
+    if (sequences == 0) {
+      decay();
+      return plan;
+    }
     if (!options_.target_cost) build_curve();
     at_ = 0;
     const double d = draft_cost();
@@ -228,12 +238,14 @@ class BatchGammaPlanner {
     plan.improvement = plain_rate > 0.0 && std::isfinite(plain_rate) && std::isfinite(rate)
                            ? rate / plain_rate
                            : 1.0;
+    decay();
     return plan;
   }
 
  private:
   static constexpr std::size_t buckets = 96;  // up to ~4 million positions
   static constexpr double per_doubling = 8.0;
+  static constexpr double stale_weight = 0.1;  // buckets below it count as unmeasured
 
   struct Bucket {
     double weight = 0.0;
@@ -244,6 +256,20 @@ class BatchGammaPlanner {
     double value;
     std::size_t sequence;
   };
+
+  // One batch step's discount of the pooled acceptance and of the measured costs.
+  void decay() noexcept {
+    const double f = options_.forgetting;
+    pooled_.observe(0, 0, f);
+    if (options_.target_cost || f == 1.0) return;
+    draft_seconds_ *= f;
+    drafted_ *= f;
+    for (Bucket& bucket : buckets_) {
+      bucket.weight *= f;
+      bucket.positions *= f;
+      bucket.seconds *= f;
+    }
+  }
 
   // Whether `tokens` for `cost` is a strictly higher rate than `best_tokens` for
   // `best_cost` (costs >= 0; at zero cost, more tokens is better).
@@ -258,12 +284,24 @@ class BatchGammaPlanner {
     return static_cast<std::size_t>(it - lows_.begin()) - 1;
   }
 
-  // The measured points (mean positions, mean seconds) in order, non-decreasing in seconds.
+  // The measured points (mean positions, mean seconds) in order, non-decreasing in seconds:
+  // every bucket with evidence, except stale ones between the first and the last (those
+  // are interpolated over until measured again; the ends stay, so the measured range does
+  // not shrink into optimistic extrapolation).
   void build_curve() {
     curve_.clear();
+    std::size_t first = buckets;
+    std::size_t last = 0;
+    for (std::size_t i = 0; i < buckets; ++i) {
+      if (buckets_[i].weight <= 0.0) continue;
+      first = std::min(first, i);
+      last = i;
+    }
     double highest = 0.0;
-    for (const Bucket& bucket : buckets_) {
+    for (std::size_t i = first; i < buckets && i <= last; ++i) {
+      const Bucket& bucket = buckets_[i];
       if (bucket.weight <= 0.0) continue;
+      if (bucket.weight < stale_weight && i != first && i != last) continue;
       highest = std::max(highest, bucket.seconds / bucket.weight);
       curve_.emplace_back(bucket.positions / bucket.weight, highest);
     }
