@@ -429,7 +429,7 @@ TEST_CASE("B10 BatchDecoder::add: a request out of range adds nothing", "[batch_
   stop.stop_tokens = {4};
   check_error(
       "B10", [&] { decoder.add(stop); }, errc::invalid_option,
-      "sequence 7: stop token 4 is outside [0, 4)");
+      "sequence 7: stop_tokens: token 4 is outside [0, 4)");
   auto empty = request(7, 5, {});
   empty.stop_sequences = {{1}, {}};
   check_error(

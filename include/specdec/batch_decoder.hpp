@@ -37,6 +37,7 @@
 #include "specdec/random.hpp"
 #include "specdec/rows.hpp"
 #include "specdec/sampling.hpp"
+#include "specdec/stop_conditions.hpp"
 #include "specdec/validation.hpp"
 
 namespace specdec {
@@ -213,24 +214,8 @@ class BatchDecoder {
         detail::throw_error(errc::invalid_option, where, "the id is already in the batch");
       }
     }
-    for (const token_id token : request.stop_tokens) {
-      if (token < 0 || static_cast<std::size_t>(token) >= vocab_size_) {
-        detail::throw_error(errc::invalid_option, where, "stop token ", token, " is outside [0, ",
-                            vocab_size_, ")");
-      }
-    }
-    for (std::size_t s = 0; s < request.stop_sequences.size(); ++s) {
-      const auto& stop = request.stop_sequences[s];
-      if (stop.empty()) {
-        detail::throw_error(errc::invalid_option, where, "stop_sequences[", s, "] is empty");
-      }
-      for (const token_id token : stop) {
-        if (token < 0 || static_cast<std::size_t>(token) >= vocab_size_) {
-          detail::throw_error(errc::invalid_option, where, "stop_sequences[", s, "]: token ", token,
-                              " is outside [0, ", vocab_size_, ")");
-        }
-      }
-    }
+    StopConditions stops;
+    stops.assign(request.stop_tokens, request.stop_sequences, vocab_size_, where);
     for (std::size_t j = 0; j < request.prompt.size(); ++j) {
       const token_id token = request.prompt[j];
       if (token < 0 || static_cast<std::size_t>(token) >= vocab_size_) {
@@ -239,6 +224,7 @@ class BatchDecoder {
       }
     }
     Active active;
+    active.stops = std::move(stops);
     active.context = request.prompt;
     active.standardizer.set_options(request.sampling);
     active.request = std::move(request);
@@ -311,6 +297,7 @@ class BatchDecoder {
     std::size_t goal = 0;           // batched drafting: drafts wanted (cut by early stops)
     xoshiro256pp draft_stream{0};   // batched drafting: the step's draft stream
     SequenceAcceptance acceptance;  // for the batch gamma planner
+    StopConditions stops;
   };
 
   static constexpr bool draft_is_model = LanguageModel<Draft>;
@@ -567,22 +554,8 @@ class BatchDecoder {
     return sequence.context.size() - base;
   }
 
-  // Whether the generated tokens end with one of the stop sequences.
-  [[nodiscard]] static bool ends_with_stop_sequence(const Active& sequence) noexcept {
-    const std::vector<token_id>& generated = sequence.result.tokens;
-    for (const auto& stop : sequence.request.stop_sequences) {
-      if (stop.size() <= generated.size() &&
-          std::equal(stop.begin(), stop.end(),
-                     generated.end() - static_cast<std::ptrdiff_t>(stop.size()))) {
-        return true;
-      }
-    }
-    return false;
-  }
-
   [[nodiscard]] static bool is_stop(const Active& sequence, token_id token) noexcept {
-    const auto& stops = sequence.request.stop_tokens;
-    return std::find(stops.begin(), stops.end(), token) != stops.end();
+    return sequence.stops.is_stop_token(token);
   }
 
   // The error that fails a sequence (called inside a catch handler): a specdec::error
@@ -744,23 +717,16 @@ class BatchDecoder {
         result.error = failure;
         finished = true;
       } else {
-        // Tokens one at a time, each ending the sequence if it is a stop token, completes a
-        // stop sequence or reaches max_new_tokens.
+        // The emission stage (stop_conditions.hpp): tokens one at a time up to a stop
+        // token, a completed stop sequence or max_new_tokens.
         const std::span<const token_id> tokens = out_.emitted(b);
-        std::size_t take = 0;
-        while (take < tokens.size() && !finished) {
-          result.tokens.push_back(tokens[take++]);
-          finished = true;
-          if (is_stop(sequence, result.tokens.back())) {
-            result.end = sequence_end::stop_token;
-          } else if (ends_with_stop_sequence(sequence)) {
-            result.end = sequence_end::stop_sequence;
-          } else if (result.tokens.size() == sequence.request.max_new_tokens) {
-            result.end = sequence_end::max_new_tokens;
-          } else {
-            finished = false;
-          }
-        }
+        const StopConditions::Cut cut = sequence.stops.emit(
+            tokens, result.tokens, 0, sequence.request.max_new_tokens - result.tokens.size());
+        const std::size_t take = cut.taken;
+        finished = cut.reason != stop_reason::none;
+        if (cut.reason == stop_reason::stop_token) result.end = sequence_end::stop_token;
+        if (cut.reason == stop_reason::stop_sequence) result.end = sequence_end::stop_sequence;
+        if (cut.reason == stop_reason::max_new_tokens) result.end = sequence_end::max_new_tokens;
         sequence.context.insert(sequence.context.end(), tokens.begin(),
                                 tokens.begin() + static_cast<std::ptrdiff_t>(take));
         ++result.steps;

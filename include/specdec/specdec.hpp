@@ -24,6 +24,7 @@
 #include "specdec/speculative_decoder.hpp"     // IWYU pragma: export
 #include "specdec/speculative_sampling.hpp"    // IWYU pragma: export
 #include "specdec/statistics.hpp"              // IWYU pragma: export
+#include "specdec/stop_conditions.hpp"         // IWYU pragma: export
 #include "specdec/tree_verification.hpp"       // IWYU pragma: export
 #include "specdec/validation.hpp"              // IWYU pragma: export
 #include "specdec/verification_result.hpp"     // IWYU pragma: export

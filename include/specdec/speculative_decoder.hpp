@@ -87,34 +87,12 @@
 #include "specdec/rows.hpp"
 #include "specdec/sampling.hpp"
 #include "specdec/speculative_sampling.hpp"
+#include "specdec/stop_conditions.hpp"
 #include "specdec/tree_verification.hpp"
 #include "specdec/validation.hpp"
 #include "specdec/verification_result.hpp"
 
 namespace specdec {
-
-/// Why generation (or a step) ended.
-enum class stop_reason : std::uint8_t {
-  none,            ///< a step that did not end generation
-  max_new_tokens,  ///< the token budget is used up exactly
-  stop_token,      ///< a stop token was emitted (it is the last token)
-  stop_sequence,   ///< a stop sequence was completed (its tokens are the last tokens)
-};
-
-/// "none", "max_new_tokens", "stop_token" or "stop_sequence".
-[[nodiscard]] constexpr std::string_view to_string(stop_reason reason) noexcept {
-  switch (reason) {
-    case stop_reason::none:
-      return "none";
-    case stop_reason::max_new_tokens:
-      return "max_new_tokens";
-    case stop_reason::stop_token:
-      return "stop_token";
-    case stop_reason::stop_sequence:
-      return "stop_sequence";
-  }
-  return "unknown";
-}
 
 /// One emitted token as the streaming callback sees it: enough to draw the paper's Fig. 1.
 struct EmittedToken {
@@ -454,10 +432,6 @@ class SpeculativeDecoder {
         vocab_size_(static_cast<std::size_t>(target.vocab_size())),
         standardizer_(checked_sampling(options_.sampling)) {
     check_options();
-    stop_lookup_.assign(vocab_size_, 0);
-    for (const token_id stop : options_.stop_tokens) {
-      stop_lookup_[static_cast<std::size_t>(stop)] = 1;
-    }
     standardizer_.reserve(vocab_size_);
     if (tree_mode()) {
       // A step emits at most max_depth + 1 tokens; the tree buffers warm up on first use.
@@ -612,25 +586,7 @@ class SpeculativeDecoder {
                             " but the target model has ", vocab_size_);
       }
     }
-    for (const token_id stop : options_.stop_tokens) {
-      if (stop < 0 || static_cast<std::size_t>(stop) >= vocab_size_) {
-        detail::throw_error(errc::invalid_option, "decoder option stop_tokens: token ", stop,
-                            " is outside [0, ", vocab_size_, ")");
-      }
-    }
-    for (std::size_t s = 0; s < options_.stop_sequences.size(); ++s) {
-      const auto& sequence = options_.stop_sequences[s];
-      if (sequence.empty()) {
-        detail::throw_error(errc::invalid_option, "decoder option stop_sequences[", s,
-                            "] is empty");
-      }
-      for (const token_id token : sequence) {
-        if (token < 0 || static_cast<std::size_t>(token) >= vocab_size_) {
-          detail::throw_error(errc::invalid_option, "decoder option stop_sequences[", s,
-                              "]: token ", token, " is outside [0, ", vocab_size_, ")");
-        }
-      }
-    }
+    stops_.assign(options_.stop_tokens, options_.stop_sequences, vocab_size_, "decoder option ");
   }
 
   // Which row copies a step needs: draft rows always for LanguageModel drafts at T > 0;
@@ -963,7 +919,7 @@ class SpeculativeDecoder {
   }
 
   [[nodiscard]] bool is_stop_token(token_id token) const noexcept {
-    return stop_lookup_[static_cast<std::size_t>(token)] != 0;
+    return stops_.is_stop_token(token);
   }
 
   // Drafts up to `gamma` tokens into sequence_ (after the context); returns how many.
@@ -1470,38 +1426,11 @@ class SpeculativeDecoder {
       step_sources_[k] = token_source::draft;
     }
     sequence_.resize(base_length_);
-    std::size_t emitted = 0;
-    while (emitted < count) {
-      const token_id token = step_tokens_[emitted];
-      sequence_.push_back(token);
-      ++emitted;
-      if (is_stop_token(token)) {
-        result.stop = stop_reason::stop_token;
-        break;
-      }
-      if (ends_with_stop_sequence(stop_floor)) {
-        result.stop = stop_reason::stop_sequence;
-        break;
-      }
-      if (emitted == max_tokens) {
-        result.stop = stop_reason::max_new_tokens;
-        break;
-      }
-    }
-    result.tokens = std::span<const token_id>(step_tokens_.data(), emitted);
-    result.sources = std::span<const token_source>(step_sources_.data(), emitted);
-  }
-
-  [[nodiscard]] bool ends_with_stop_sequence(std::size_t floor) const noexcept {
-    const std::size_t available = sequence_.size() - floor;
-    for (const auto& stop : options_.stop_sequences) {
-      if (stop.size() <= available &&
-          std::equal(stop.begin(), stop.end(),
-                     sequence_.end() - static_cast<std::ptrdiff_t>(stop.size()))) {
-        return true;
-      }
-    }
-    return false;
+    const StopConditions::Cut cut = stops_.emit(
+        std::span<const token_id>(step_tokens_.data(), count), sequence_, stop_floor, max_tokens);
+    result.stop = cut.reason;
+    result.tokens = std::span<const token_id>(step_tokens_.data(), cut.taken);
+    result.sources = std::span<const token_source>(step_sources_.data(), cut.taken);
   }
 
   TargetModel* target_;
@@ -1509,7 +1438,7 @@ class SpeculativeDecoder {
   DecoderOptions options_;
   std::size_t vocab_size_;
   Standardizer<value_type> standardizer_;
-  std::vector<std::uint8_t> stop_lookup_;
+  StopConditions stops_;
   std::vector<value_type> draft_rows_;  // q_1..q_gamma up to a factor (draft_scales_)
   std::vector<double> draft_scales_;    // q_i = draft_scales_[i] * draft row i
   // Draft row i of the step: in draft_rows_, or the model's own row (stable_rows).
