@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <iterator>
 #include <optional>
 #include <span>
 #include <string>
@@ -225,8 +226,13 @@ class BatchDecoder {
     }
     Active active;
     active.stops = std::move(stops);
+    // Room for the whole sequence and the buffers its standardization uses: its steps do not
+    // allocate (a step's drafts stop short of max_new_tokens).
+    active.context.reserve(request.prompt.size() + request.max_new_tokens);
     active.context = request.prompt;
+    active.result.tokens.reserve(request.max_new_tokens);
     active.standardizer.set_options(request.sampling);
+    active.standardizer.reserve(vocab_size_);
     active.request = std::move(request);
     active_.push_back(std::move(active));
   }
@@ -280,8 +286,9 @@ class BatchDecoder {
 
   /// The sequences that left the batch since the last call, in the order they left.
   [[nodiscard]] std::vector<FinishedSequence> take_finished() {
-    std::vector<FinishedSequence> out;
-    out.swap(finished_);
+    std::vector<FinishedSequence> out(std::make_move_iterator(finished_.begin()),
+                                      std::make_move_iterator(finished_.end()));
+    finished_.clear();  // keeps its capacity: steps that finish sequences do not allocate
     return out;
   }
 

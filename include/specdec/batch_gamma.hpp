@@ -137,6 +137,7 @@ class BatchGammaPlanner {
       invalid("forgetting", options_.forgetting, "in (0, 1]");
     if (!(options_.draft_cost >= 0.0 && std::isfinite(options_.draft_cost)))
       invalid("draft_cost", options_.draft_cost, "finite and >= 0");
+    curve_.reserve(buckets);
     std::size_t low = 1;  // bucket i holds position counts [lows_[i], lows_[i + 1])
     for (std::size_t i = 0; i < buckets; ++i) {
       lows_[i] = low;
