@@ -288,7 +288,8 @@ void BM_BatchVerify(benchmark::State& state) {
 
 BENCHMARK(BM_BatchVerify)
     ->ArgNames({"V", "B", "threads", "topk"})
-    ->ArgsProduct({{32768, 131072}, {8, 32}, {1, 2}, {0, 1}})
+    ->ArgsProduct({{32768, 131072}, {1, 8, 32}, {1, 2}, {0, 1}})
+    ->ArgsProduct({{32768}, {128, 256}, {1, 2}, {0, 1}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
