@@ -51,7 +51,9 @@
 #include <utility>
 #include <vector>
 
+#include "specdec/analysis.hpp"
 #include "specdec/error.hpp"
+#include "specdec/gamma_policy.hpp"
 
 namespace specdec {
 
@@ -74,30 +76,6 @@ struct BatchGammaOptions {
   /// Cost of drafting one token, in target_cost's unit (>= 0, finite). Used as given when
   /// target_cost is given, else as the starting value until a step with drafts is observed.
   double draft_cost = 0.0;
-};
-
-/// One sequence's acceptance evidence: discounted accepted drafts and rejections.
-class SequenceAcceptance {
- public:
-  /// Records a step that drafted `drafted` and accepted `accepted` (<= drafted); a step
-  /// with no drafts only discounts the evidence.
-  void observe(std::size_t drafted, std::size_t accepted, double forgetting) noexcept {
-    accepted = std::min(accepted, drafted);
-    accepted_ = forgetting * accepted_ + static_cast<double>(accepted);
-    rejections_ = forgetting * rejections_ + (accepted < drafted ? 1.0 : 0.0);
-  }
-  /// alpha estimated from the counts, shrunk towards `prior` with `prior_trials` weight.
-  [[nodiscard]] double alpha(double prior, double prior_trials) const noexcept {
-    const double trials = accepted_ + rejections_ + prior_trials;
-    if (trials <= 0.0) return prior;
-    return std::clamp((accepted_ + prior * prior_trials) / trials, 0.0, 1.0);
-  }
-  [[nodiscard]] double accepted() const noexcept { return accepted_; }
-  [[nodiscard]] double rejections() const noexcept { return rejections_; }
-
- private:
-  double accepted_ = 0.0;
-  double rejections_ = 0.0;
 };
 
 /// What a plan expects of the step it planned.
@@ -348,6 +326,7 @@ class BatchGammaPlanner {
     }
     std::make_heap(heap_.begin(), heap_.end(), less);
     taken_.assign(sequences, 0);
+    popped_.clear();
     double tokens = plan.expected_tokens;
     std::size_t drafts = 0;
     while (!heap_.empty()) {
@@ -358,6 +337,7 @@ class BatchGammaPlanner {
       tokens += next.value;
       ++drafts;
       ++taken_[b];
+      popped_.push_back(b);
       if (taken_[b] < std::min(caps[b], options_.max_gamma)) {
         heap_.push_back({next.value * alphas[b], b});
         std::push_heap(heap_.begin(), heap_.end(), less);
@@ -367,9 +347,10 @@ class BatchGammaPlanner {
         plan.drafts = drafts;
         plan.expected_tokens = tokens;
         plan.expected_cost = c;
-        std::copy(taken_.begin(), taken_.end(), gammas.begin());
       }
     }
+    // The best prefix of the merge: its first plan.drafts drafts.
+    for (std::size_t j = 0; j < plan.drafts; ++j) ++gammas[popped_[j]];
     plan.positions = sequences + plan.drafts;
   }
 
@@ -381,9 +362,8 @@ class BatchGammaPlanner {
       double tokens = 0.0;
       std::size_t drafts = 0;
       for (std::size_t b = 0; b < sequences; ++b) {
-        const std::size_t g = std::min({gamma, caps[b], options_.max_gamma});
-        double power = 1.0;
-        for (std::size_t k = 0; k <= g; ++k, power *= alphas[b]) tokens += power;
+        const std::size_t g = std::min(gamma, caps[b]);
+        tokens += detail::geometric_sum(alphas[b], g);  // Eq. 1: sum of alpha^k, k = 0..g
         drafts += g;
       }
       const double c = d * static_cast<double>(drafts) + cost(sequences + drafts);
@@ -394,9 +374,7 @@ class BatchGammaPlanner {
         plan.expected_cost = c;
       }
     }
-    for (std::size_t b = 0; b < sequences; ++b) {
-      gammas[b] = std::min({best_gamma, caps[b], options_.max_gamma});
-    }
+    for (std::size_t b = 0; b < sequences; ++b) gammas[b] = std::min(best_gamma, caps[b]);
     plan.positions = sequences + plan.drafts;
   }
 
@@ -409,7 +387,8 @@ class BatchGammaPlanner {
   std::vector<std::pair<double, double>> curve_;
   std::vector<Candidate> heap_;
   std::vector<std::size_t> taken_;
-  std::size_t at_ = 0;  // curve_cost's walk within one plan
+  std::vector<std::size_t> popped_;  // the merge's drafts in order (their sequences)
+  std::size_t at_ = 0;               // curve_cost's walk within one plan
 };
 
 }  // namespace specdec

@@ -290,6 +290,33 @@ ConfidenceStop(double, Inner) -> ConfidenceStop<Inner>;
 ConfidenceStop(double, std::size_t)->ConfidenceStop<FixedGamma>;
 ConfidenceStop(double, int)->ConfidenceStop<FixedGamma>;
 
+/// Acceptance evidence of one sequence: discounted accepted drafts and rejections (under
+/// the i.i.d. model of Sec. 3.1, n accepted of gamma drafted is n successful trials and, if
+/// n < gamma, one failure). OptimalGammaController and BatchGammaPlanner estimate alpha
+/// with it.
+class SequenceAcceptance {
+ public:
+  /// Records a step that drafted `drafted` and accepted `accepted` (<= drafted); a step
+  /// with no drafts only discounts the evidence.
+  void observe(std::size_t drafted, std::size_t accepted, double forgetting) noexcept {
+    accepted = std::min(accepted, drafted);
+    accepted_ = forgetting * accepted_ + static_cast<double>(accepted);
+    rejections_ = forgetting * rejections_ + (accepted < drafted ? 1.0 : 0.0);
+  }
+  /// alpha estimated from the counts, shrunk towards `prior` with `prior_trials` weight.
+  [[nodiscard]] double alpha(double prior, double prior_trials) const noexcept {
+    const double trials = accepted_ + rejections_ + prior_trials;
+    if (trials <= 0.0) return prior;
+    return std::clamp((accepted_ + prior * prior_trials) / trials, 0.0, 1.0);
+  }
+  [[nodiscard]] double accepted() const noexcept { return accepted_; }
+  [[nodiscard]] double rejections() const noexcept { return rejections_; }
+
+ private:
+  double accepted_ = 0.0;
+  double rejections_ = 0.0;
+};
+
 /// Configuration of OptimalGammaController.
 struct OptimalGammaOptions {
   /// Largest gamma considered (>= 1); the controller searches [1, max_gamma].
@@ -364,9 +391,7 @@ class OptimalGammaController {
 
   void observe(const StepFeedback& feedback) {
     const double f = options_.forgetting;
-    const bool rejected = feedback.accepted < feedback.drafted;
-    accepted_ = f * accepted_ + static_cast<double>(std::min(feedback.accepted, feedback.drafted));
-    rejections_ = f * rejections_ + (rejected ? 1.0 : 0.0);
+    acceptance_.observe(feedback.drafted, feedback.accepted, f);
     if (options_.measure_cost) {
       // Discount every sum each step so that all of them cover the same recent window.
       draft_seconds_ *= f;
@@ -389,10 +414,7 @@ class OptimalGammaController {
 
   /// The current alpha estimate (see the class comment).
   [[nodiscard]] double alpha() const noexcept {
-    const double trials = accepted_ + rejections_ + options_.prior_trials;
-    if (trials <= 0.0) return options_.prior_alpha;
-    const double alpha = (accepted_ + options_.prior_alpha * options_.prior_trials) / trials;
-    return std::clamp(alpha, 0.0, 1.0);
+    return acceptance_.alpha(options_.prior_alpha, options_.prior_trials);
   }
 
   /// The cost ratio in use: measured once a timed step with drafted tokens has been seen,
@@ -417,8 +439,7 @@ class OptimalGammaController {
   }
 
   OptimalGammaOptions options_;
-  double accepted_ = 0.0;  // discounted accepted drafts
-  double rejections_ = 0.0;
+  SequenceAcceptance acceptance_;  // discounted accepted drafts and rejections
   double draft_seconds_ = 0.0;
   double drafted_ = 0.0;
   double target_seconds_ = 0.0;
