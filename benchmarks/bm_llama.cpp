@@ -62,14 +62,7 @@ constexpr std::size_t gamma = 4;
 // context is shorter (tokens() and forward_context() below).
 constexpr std::size_t wanted_tokens = 128;
 
-const char* const prompt_text =
-    "class Stack:\n"
-    "    \"\"\"A last-in, first-out stack of items.\"\"\"\n"
-    "\n"
-    "    def __init__(self):\n"
-    "        self.items = []\n"
-    "\n"
-    "    def push(self, item):\n";
+const char* const prompt_text = llama::stack_prompt;
 
 double seconds_since(clock_type::time_point start) {
   return std::chrono::duration<double>(clock_type::now() - start).count();

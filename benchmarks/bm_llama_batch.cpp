@@ -51,14 +51,7 @@ constexpr std::size_t new_tokens = 32;
 constexpr std::size_t max_batch = 32;
 constexpr std::size_t fixed_gammas[] = {1, 2, 4, 8};
 
-const char* const prompt_text =
-    "class Stack:\n"
-    "    \"\"\"A last-in, first-out stack of items.\"\"\"\n"
-    "\n"
-    "    def __init__(self):\n"
-    "        self.items = []\n"
-    "\n"
-    "    def push(self, item):\n";
+const char* const prompt_text = llama::stack_prompt;
 
 std::size_t env_threads() {
   const char* t = std::getenv("LLAMA_THREADS");
@@ -128,11 +121,7 @@ Outcome decode(Decoder& decoder, std::size_t batch, std::uint64_t& next_id, std:
   return outcome;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
+using llama::median;
 
 void BM_BatchDecode(benchmark::State& state) {
   Setup& s = setup();

@@ -169,6 +169,17 @@ struct Costs {
   }
 };
 
+/// The prompt the demo and the llama benchmarks generate after: Python source, the shipped
+/// pair's training domain.
+inline constexpr const char* stack_prompt =
+    "class Stack:\n"
+    "    \"\"\"A last-in, first-out stack of items.\"\"\"\n"
+    "\n"
+    "    def __init__(self):\n"
+    "        self.items = []\n"
+    "\n"
+    "    def push(self, item):\n";
+
 /// The median of `values` (the mean of the middle two for an even count; 0 when empty).
 inline double median(std::vector<double> values) {
   if (values.empty()) return 0.0;
