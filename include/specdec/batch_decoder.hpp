@@ -298,7 +298,6 @@ class BatchDecoder {
     std::vector<token_id> context;  // prompt + generated (+ this step's drafts while drafting)
     FinishedSequence result;
     Standardizer<value_type> standardizer;
-    std::size_t drafted = 0;        // this step's drafts
     std::exception_ptr failure;     // this step's draft failure
     std::size_t base = 0;           // batched drafting: context size before the drafts
     std::size_t goal = 0;           // batched drafting: drafts wanted (cut by early stops)
@@ -369,20 +368,40 @@ class BatchDecoder {
       sequence.failure = nullptr;
       const std::size_t gamma = gamma_of(b);
       const std::size_t base = sequence.context.size();
+      std::size_t drafted = 0;
       try {
-        sequence.drafted = draft_one(sequence, gamma);
+        drafted = draft_one(sequence, gamma);
       } catch (...) {
         sequence.failure = wrap_failure(sequence);
         draft_call_ = false;
-        sequence.drafted = 0;
         draft_rows_.resize(draft_tokens_.size() * vocab_size_);
       }
-      draft_tokens_.insert(
-          draft_tokens_.end(), sequence.context.begin() + static_cast<std::ptrdiff_t>(base),
-          sequence.context.begin() + static_cast<std::ptrdiff_t>(base + sequence.drafted));
+      draft_tokens_.insert(draft_tokens_.end(),
+                           sequence.context.begin() + static_cast<std::ptrdiff_t>(base),
+                           sequence.context.begin() + static_cast<std::ptrdiff_t>(base + drafted));
       sequence.context.resize(base);
       offsets_.push_back(draft_tokens_.size());
     }
+  }
+
+  // The draft stage's one step, shared by both drafting paths: copies draft row i of
+  // `sequence` into draft_rows_ at entry `at`, samples the draft from it standardized by the
+  // sequence's options with its draft stream `g`, appends it to the context, and returns
+  // whether drafting goes on (not a stop token, and the policy wants draft i + 2 of `gamma`).
+  template <class Row>
+  bool take_draft(Active& sequence, const Row& row, std::size_t at, xoshiro256pp& g, std::size_t i,
+                  std::size_t gamma) {
+    std::transform(row.begin(), row.end(), draft_rows_.begin() + static_cast<std::ptrdiff_t>(at),
+                   [](auto value) { return static_cast<value_type>(value); });
+    const AnyGammaPolicy& policy = sequence.request.gamma_policy;
+    double top_probability = 1.0;
+    const token_id drafted = sample_standardized(
+        sequence.standardizer, std::span<const value_type>(draft_rows_.data() + at, vocab_size_),
+        std::span<value_type>(scratch_), g,
+        policy.needs_top_probability() ? &top_probability : nullptr);
+    sequence.context.push_back(drafted);
+    return !is_stop(sequence, drafted) &&
+           (i + 1 >= gamma || policy.continue_drafting(top_probability, i + 1));
   }
 
   // This step's draft length of sequence b (before early stops).
@@ -404,7 +423,6 @@ class BatchDecoder {
     for (std::size_t b = 0; b < sequences; ++b) {
       Active& sequence = active_[b];
       sequence.failure = nullptr;
-      sequence.drafted = 0;
       sequence.base = sequence.context.size();
       sequence.goal = gamma_of(b);
       sequence.draft_stream =
@@ -420,7 +438,7 @@ class BatchDecoder {
         drafting_.clear();
         for (std::size_t b = 0; b < sequences; ++b) {
           Active& sequence = active_[b];
-          if (sequence.drafted != i || i >= sequence.goal) continue;
+          if (i >= sequence.goal) continue;
           requests_.push_back(
               {std::span<const token_id>(sequence.context.data(), sequence.base),
                std::span<const token_id>(sequence.context.data() + sequence.base, i),
@@ -441,23 +459,8 @@ class BatchDecoder {
         for (std::size_t k = 0; k < drafting_.size(); ++k) {
           Active& sequence = active_[drafting_[k]];
           const std::size_t at = (slots_[drafting_[k]] + i) * vocab_size_;
-          const auto row = rows.row(k);
-          std::transform(row.begin(), row.end(),
-                         draft_rows_.begin() + static_cast<std::ptrdiff_t>(at),
-                         [](auto value) { return static_cast<value_type>(value); });
-          const AnyGammaPolicy& policy = sequence.request.gamma_policy;
-          const bool wants_top = policy.needs_top_probability();
-          double top_probability = 1.0;
-          const token_id drafted =
-              sample_standardized(sequence.standardizer,
-                                  std::span<const value_type>(draft_rows_.data() + at, vocab_size_),
-                                  std::span<value_type>(scratch_), sequence.draft_stream,
-                                  wants_top ? &top_probability : nullptr);
-          sequence.context.push_back(drafted);
-          ++sequence.drafted;
-          if (is_stop(sequence, drafted) ||
-              (i + 1 < sequence.goal && !policy.continue_drafting(top_probability, i + 1))) {
-            sequence.goal = sequence.drafted;  // drafting ends here
+          if (!take_draft(sequence, rows.row(k), at, sequence.draft_stream, i, sequence.goal)) {
+            sequence.goal = i + 1;  // drafting ends here
           }
         }
       }
@@ -483,12 +486,13 @@ class BatchDecoder {
     std::size_t row = 0;
     for (std::size_t b = 0; b < sequences; ++b) {
       Active& sequence = active_[b];
+      const std::size_t drafted = sequence.context.size() - sequence.base;
       if (row != slots_[b]) {
         std::copy_n(draft_rows_.begin() + static_cast<std::ptrdiff_t>(slots_[b] * vocab_size_),
-                    sequence.drafted * vocab_size_,
+                    drafted * vocab_size_,
                     draft_rows_.begin() + static_cast<std::ptrdiff_t>(row * vocab_size_));
       }
-      row += sequence.drafted;
+      row += drafted;
       draft_tokens_.insert(draft_tokens_.end(),
                            sequence.context.begin() + static_cast<std::ptrdiff_t>(sequence.base),
                            sequence.context.end());
@@ -507,8 +511,6 @@ class BatchDecoder {
       const StreamKey key{sequence.request.seed, sequence.request.id, sequence.result.steps};
       xoshiro256pp g = stream_engine(key, stream_purpose::draft);
       scratch_.resize(vocab_size_);
-      const AnyGammaPolicy& policy = sequence.request.gamma_policy;
-      const bool wants_top = policy.needs_top_probability();
       for (std::size_t i = 0; i < gamma; ++i) {
         draft_call_ = true;
         auto&& returned = draft_->next_token_probabilities(
@@ -521,17 +523,7 @@ class BatchDecoder {
         }
         const std::size_t at = draft_rows_.size();
         draft_rows_.resize(at + vocab_size_);
-        std::transform(row.begin(), row.end(),
-                       draft_rows_.begin() + static_cast<std::ptrdiff_t>(at),
-                       [](auto value) { return static_cast<value_type>(value); });
-        double top_probability = 1.0;
-        const token_id drafted = sample_standardized(
-            sequence.standardizer,
-            std::span<const value_type>(draft_rows_.data() + at, vocab_size_),
-            std::span<value_type>(scratch_), g, wants_top ? &top_probability : nullptr);
-        sequence.context.push_back(drafted);
-        if (is_stop(sequence, drafted)) break;
-        if (i + 1 < gamma && !policy.continue_drafting(top_probability, i + 1)) break;
+        if (!take_draft(sequence, row, at, g, i, gamma)) break;
       }
     } else {
       sequence.context.resize(base + gamma);
