@@ -57,6 +57,7 @@
 #include "specdec/speculative_sampling.hpp"
 #include "specdec/validation.hpp"
 #include "specdec/verification_result.hpp"
+#include "specdec/verify_stage.hpp"
 
 namespace specdec {
 
@@ -486,32 +487,11 @@ class BatchVerifier {
       load(draft, i, q_row, work.q_ids, work.q_weights, q_count);
       return detail::sparse_row<T>{work.q_ids.data(), work.q_weights.data(), q_count};
     };
-    const std::size_t gamma = drafts.size();
-    const double lenience = options.lenience;
-    const auto p_entry = [&](std::size_t i, std::size_t x) {
-      return static_cast<double>(p_at(i).at(x));
-    };
-    std::size_t n = 0;
-    if (options.proposals) {
-      n = detail::accept_proposals_with(drafts, p_entry, g, lenience);
-    } else {
-      n = detail::accept_drafts_with(
-          drafts, p_entry,
-          [&](std::size_t i, std::size_t x) { return static_cast<double>(q_at(i).at(x)); }, g,
-          lenience);
-    }
-    const double u = uniform01<double>(g);
-    if (n < gamma) {
-      const detail::sparse_residual_outcome draw =
-          options.proposals
-              ? detail::sparse_residual_one_hot_draw(p_at(n), static_cast<std::size_t>(drafts[n]),
-                                                     lenience, u)
-              : detail::sparse_residual_draw(p_at(n), q_at(n), static_cast<T>(lenience), u,
-                                             work.residual.data());
-      return {n, static_cast<token_id>(draw.token), token_source::correction, draw.fallback};
-    }
-    return {gamma, static_cast<token_id>(detail::sparse_draw(p_at(gamma), u, 0)),
-            token_source::bonus, false};
+    // The decoder's verification of survivors (verify_stage.hpp), without beta.
+    const StepVerdict verdict =
+        verify_survivors(drafts, p_at, q_at, options.proposals,
+                         VerifyRules{options.lenience, false}, g, work.residual.data());
+    return {verdict.accepted, verdict.token, verdict.source, verdict.fallback};
   }
 
   static void check_options(std::size_t b, const SequenceOptions& options) {

@@ -8,9 +8,11 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <type_traits>
 #include <utility>
@@ -29,6 +31,17 @@ struct StepFeedback {
   double draft_seconds = 0.0;
   double target_seconds = 0.0;
 };
+
+namespace detail {
+
+/// Seconds from a decoder's clock option (DecoderOptions::clock, BatchDecoderOptions::clock),
+/// else from std::chrono::steady_clock.
+[[nodiscard]] inline double clock_seconds(const std::function<double()>& clock) {
+  if (clock) return clock();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace detail
 
 /// `policy.next_gamma()` (const): the number of tokens to draft next step, >= 1.
 template <class P>

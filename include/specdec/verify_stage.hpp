@@ -1,0 +1,232 @@
+// specdec — the verify stage of a decoding step: Algorithm 1's decisions
+// (detail::accept_drafts_with for model drafts, accept_proposals_with for proposals: the loops
+// of verify_speculative and verify_speculative_proposals) and the one residual or bonus draw,
+// with the step's other reads of whole target rows fused into them; exact match for greedy.
+//
+// Three row forms, one rule:
+//  - verify_dense: dense rows (the model's own in place, or the score stage's). Accepted rows
+//    p_1..p_n are read whole only for beta (collect_beta) and validation (in-place rows), in
+//    one pass each; p_{n+1} in the residual or bonus draw's pass, which also gives beta_{n+1}
+//    (= sum p - residual mass) and the row's screen. Rows after it are never read.
+//  - verify_survivors: rows truncated by top-k, kept as their survivors; shared with
+//    BatchVerifier (batch_verification.hpp).
+//  - verify_greedy_rows: argmax scans until the first mismatch, validation inside them.
+// `load_through(i)` makes rows 0..i readable (the score stage loads lazily) and is called
+// before any read of row i.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <vector>
+
+#include "specdec/config.hpp"
+#include "specdec/detail/decoder_kernels.hpp"
+#include "specdec/detail/sparse_rows.hpp"
+#include "specdec/draft_stage.hpp"
+#include "specdec/greedy_verification.hpp"
+#include "specdec/random.hpp"
+#include "specdec/residual_distribution.hpp"
+#include "specdec/rows.hpp"
+#include "specdec/speculative_sampling.hpp"
+#include "specdec/step_checks.hpp"
+#include "specdec/validation.hpp"
+#include "specdec/verification_result.hpp"
+
+namespace specdec {
+
+/// What a step's verification decided: n accepted drafts, then t, and beta (collect_beta).
+struct StepVerdict {
+  std::size_t accepted = 0;
+  token_id token = 0;
+  token_source source = token_source::bonus;
+  bool fallback = false;           ///< a correction drawn from p: zero residual mass
+  double beta_sum = 0.0;           ///< beta_1..beta_{min(n+1, drafted)} (collect_beta)
+  std::size_t beta_positions = 0;  ///< how many positions beta_sum covers (collect_beta)
+};
+
+/// The rules of a step's verification (DecoderOptions' lenience, collect_beta).
+struct VerifyRules {
+  double lenience = 1.0;
+  bool collect_beta = true;
+};
+
+/// Greedy verification over dense rows: exact match (verify_greedy), validated inside its
+/// argmax scans (validate_rows). Beta with one-hot p and q: 1 where x_i matched, else 0.
+template <class T, class LoadThrough>
+StepVerdict verify_greedy_rows(std::span<const token_id> drafts, RowsView<const T> target_rows,
+                               const VerifyRules& rules, const StepChecks& checks,
+                               LoadThrough&& load_through) {
+  load_through(drafts.size());  // verify_greedy takes the rows as one view
+  VerificationResult verdict;
+  if (checks.validate_rows()) {
+    std::size_t bad_row = detail::no_index;
+    verdict = detail::verify_greedy_screened(drafts, target_rows, bad_row);
+    if (bad_row != detail::no_index) {
+      checks.reject_greedy_row(std::span<const T>(target_rows.row(bad_row)), "target", bad_row);
+    }
+  } else {
+    verdict = verify_greedy(drafts, target_rows);
+  }
+  StepVerdict out{verdict.accepted, verdict.token, verdict.source, false, 0.0, 0};
+  if (rules.collect_beta) {
+    out.beta_positions = std::min(out.accepted + 1, drafts.size());
+    out.beta_sum = static_cast<double>(out.accepted);
+  }
+  return out;
+}
+
+/// Algorithm 1 over dense target rows; q from the draft stage (model_drafts), else one-hot
+/// on each proposal. `screen`: the rows are the model's own and not yet validated; each row
+/// the step reads is then screened in the pass that reads it (p_1..p_n in their beta pass or
+/// a pass of their own, p_{n+1} in the draw's pass), and only those rows.
+template <bool model_drafts, class T, class G, class LoadThrough>
+StepVerdict verify_dense(std::span<const token_id> drafts, RowsView<const T> target_rows,
+                         const DraftStage<T>& q, bool screen, const VerifyRules& rules,
+                         const StepChecks& checks, G& g, LoadThrough&& load_through) {
+  const std::size_t drafted = drafts.size();
+  const std::size_t vocab_size = target_rows.cols();
+  const double lenience = rules.lenience;
+  const auto p_at = [&](std::size_t i, std::size_t x) {
+    load_through(i);
+    return static_cast<double>(target_rows(i, x));
+  };
+  // Unchecked entries: in-place rows are validated after the decisions (see above).
+  std::size_t n = 0;
+  if constexpr (model_drafts) {
+    n = detail::accept_drafts_with<false>(
+        drafts, p_at, [&q](std::size_t i, std::size_t x) { return q.q(i, x); }, g, lenience);
+  } else {
+    n = detail::accept_proposals_with<false>(drafts, p_at, g, lenience);
+  }
+  load_through(n);  // the row of the final draw (rows before it were read by the decisions)
+  const bool beta = rules.collect_beta;
+  double beta_sum = 0.0;
+  // The whole-row reads of accepted positions: beta_i (fused with the screen), else the
+  // screen alone.
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::span<const T> p(target_rows.row(i));
+    if (beta) {
+      if constexpr (model_drafts) {
+        detail::row_screen<T> p_screen;
+        const auto factor = static_cast<T>(q.scale(i));
+        if (screen) {
+          beta_sum +=
+              detail::overlap_mass<true>(p.data(), q.row_at(i), factor, vocab_size, p_screen);
+          checks.check_screen(p_screen, p, "target", i);
+        } else {
+          beta_sum +=
+              detail::overlap_mass<false>(p.data(), q.row_at(i), factor, vocab_size, p_screen);
+        }
+        continue;
+      } else {
+        beta_sum += static_cast<double>(p[static_cast<std::size_t>(drafts[i])]);
+      }
+    }
+    if (screen &&
+        !detail::plausible_probability_row(p.data(), vocab_size, default_sum_tolerance<T>)) {
+      checks.reject_probability_row(p, "target", i);
+    }
+  }
+  // The one draw: from the residual at position n + 1, or the bonus token from p_{gamma+1}.
+  const std::span<const T> p(target_rows.row(n));
+  detail::row_screen<T> p_screen;
+  const auto screen_block = [&](std::size_t first, std::size_t count)
+                                SPECDEC_LAMBDA_INLINE { p_screen.add(p.data() + first, count); };
+  const double u = uniform01<double>(g);
+  StepVerdict out;
+  out.accepted = n;
+  if (n < drafted) {
+    detail::residual_outcome draw{};
+    if constexpr (model_drafts) {
+      // beta_{n+1} = sum min(p, q) = sum p - sum max(0, p - q): from the residual's pass.
+      const bool sum_p = screen || (beta && lenience == 1.0);
+      const std::span<const T> c(q.row_at(n), vocab_size);
+      const auto factor = static_cast<T>(lenience * q.scale(n));
+      draw = sum_p ? detail::residual_draw(p, c, factor, u, screen_block)
+                   : detail::residual_draw(p, c, factor, u);
+      if (beta) {
+        if (lenience == 1.0) {
+          beta_sum += p_screen.total() - draw.mass;
+        } else {  // a lenient residual's mass is not 1 - beta: a pass of its own
+          detail::row_screen<T> unused;
+          beta_sum += detail::overlap_mass<false>(p.data(), q.row_at(n), static_cast<T>(q.scale(n)),
+                                                  vocab_size, unused);
+        }
+      }
+    } else {
+      const auto x = static_cast<std::size_t>(drafts[n]);
+      draw = screen ? detail::residual_one_hot_draw(p, x, lenience, u, screen_block)
+                    : detail::residual_one_hot_draw(p, x, lenience, u);
+      if (beta) beta_sum += static_cast<double>(p[x]);
+    }
+    if (screen) checks.check_screen(p_screen, p, "target", n);
+    out.token = draw.token;
+    out.source = token_source::correction;
+    out.fallback = draw.fallback;
+  } else {
+    out.token =
+        screen ? detail::draw_from_target(p, u, screen_block) : detail::draw_from_target(p, u);
+    if (screen) checks.check_screen(p_screen, p, "target", n);
+    out.source = token_source::bonus;
+  }
+  if (beta) {
+    out.beta_positions = std::min(n + 1, drafted);
+    out.beta_sum = beta_sum;
+  }
+  return out;
+}
+
+/// Algorithm 1 over rows truncated by top-k and kept as their survivors: the same decisions
+/// (two survivors' weights per position), then the residual or bonus draw and beta over the
+/// survivors. `p(i)` / `q(i)` give row i's survivors (loading them when first asked; q is
+/// not called for proposals), `residual` holds top_k weights. Decisions, uniforms and draws
+/// are those of the dense standardized rows (the survivors' weights are the dense row's
+/// non-zero entries bitwise; the final draw sums the survivors in id order).
+template <class T, class P, class Q, class G>
+StepVerdict verify_survivors(std::span<const token_id> drafts, P&& p, Q&& q, bool proposals,
+                             const VerifyRules& rules, G& g, T* residual) {
+  const std::size_t drafted = drafts.size();
+  const double lenience = rules.lenience;
+  const auto p_entry = [&](std::size_t i, std::size_t x) {
+    return static_cast<double>(p(i).at(x));
+  };
+  const std::size_t n =
+      proposals ? detail::accept_proposals_with(drafts, p_entry, g, lenience)
+                : detail::accept_drafts_with(
+                      drafts, p_entry,
+                      [&](std::size_t i, std::size_t x) { return static_cast<double>(q(i).at(x)); },
+                      g, lenience);
+  const bool beta = rules.collect_beta;
+  const auto beta_at = [&](std::size_t i) {
+    return proposals ? static_cast<double>(p(i).at(static_cast<std::size_t>(drafts[i])))
+                     : detail::sparse_overlap(p(i), q(i));
+  };
+  double beta_sum = 0.0;
+  if (beta) {
+    for (std::size_t i = 0; i < n; ++i) beta_sum += beta_at(i);
+  }
+  const double u = uniform01<double>(g);
+  StepVerdict out;
+  out.accepted = n;
+  if (n < drafted) {
+    const detail::sparse_residual_outcome draw =
+        proposals ? detail::sparse_residual_one_hot_draw(p(n), static_cast<std::size_t>(drafts[n]),
+                                                         lenience, u)
+                  : detail::sparse_residual_draw(p(n), q(n), static_cast<T>(lenience), u, residual);
+    if (beta) beta_sum += beta_at(n);
+    out.token = static_cast<token_id>(draw.token);
+    out.source = token_source::correction;
+    out.fallback = draw.fallback;
+  } else {
+    out.token = static_cast<token_id>(detail::sparse_draw(p(n), u, 0));
+    out.source = token_source::bonus;
+  }
+  if (beta) {
+    out.beta_positions = std::min(n + 1, drafted);
+    out.beta_sum = beta_sum;
+  }
+  return out;
+}
+
+}  // namespace specdec
