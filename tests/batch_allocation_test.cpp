@@ -15,6 +15,7 @@
 #include "specdec/batch_decoder.hpp"
 #include "specdec/batch_verification.hpp"
 #include "speculative_decoder_models.hpp"
+#include "support/batch_markov.hpp"
 #include "support/batch_sequences.hpp"
 #include "support/counting_allocator.hpp"
 #include "support/sequence_law.hpp"
@@ -49,54 +50,6 @@ TEST_CASE("Batch: no allocation once warm", "[batch][allocation]") {
   }
 }
 
-namespace {
-
-using specdec::BatchScoreRequest;
-using specdec::RowsView;
-using specdec::token_id;
-using specdec::testing::MarkovModel;
-
-/// A Markov model that scores (target) or drafts (draft) a ragged batch in one call into a
-/// buffer it keeps: no allocation once the buffer is large enough.
-class BatchChain : public MarkovModel<double> {
- public:
-  explicit BatchChain(MarkovModel<double> model) : MarkovModel<double>(std::move(model)) {}
-
-  RowsView<const double> score_batch(std::span<const BatchScoreRequest> requests) {
-    return rows_of(requests, true);
-  }
-  RowsView<const double> draft_batch(std::span<const BatchScoreRequest> requests) {
-    return rows_of(requests, false);
-  }
-
- private:
-  RowsView<const double> rows_of(std::span<const BatchScoreRequest> requests, bool all) {
-    const std::size_t vocab = vocab_size();
-    std::size_t rows = 0;
-    for (const auto& request : requests) rows += all ? request.drafts.size() + 1 : 1;
-    if (rows_.size() < rows * vocab) rows_.resize(rows * vocab);
-    std::size_t at = 0;
-    for (const auto& request : requests) {
-      std::size_t s = state(request.context);
-      for (std::size_t k = 0; k <= request.drafts.size(); ++k) {
-        if (all || k == request.drafts.size()) {
-          const auto r = row(s);
-          std::copy(r.begin(), r.end(), rows_.begin() + static_cast<std::ptrdiff_t>(at));
-          at += vocab;
-        }
-        if (k < request.drafts.size()) {
-          s = next_state(s, static_cast<std::size_t>(request.drafts[k]));
-        }
-      }
-    }
-    return {rows_.data(), rows, vocab};
-  }
-
-  std::vector<double> rows_;
-};
-
-}  // namespace
-
 TEST_CASE("BatchDecoder: steps allocate nothing once warm", "[batch][allocation]") {
   // A second batch of sequences like the first (added, then decoded to the end): its steps,
   // with a batch gamma planner measuring a simulated clock, a batched draft model, stop
@@ -105,8 +58,10 @@ TEST_CASE("BatchDecoder: steps allocate nothing once warm", "[batch][allocation]
   constexpr std::size_t vocab = 12;
   const auto target_chain = specdec::testing::make_markov_target(vocab, 2, 71);
   const auto draft_chain = specdec::testing::make_markov_draft(target_chain, 72);
-  BatchChain target(target_chain);
-  BatchChain draft(draft_chain);
+  specdec::testing::BatchMarkov target(target_chain);
+  specdec::testing::BatchMarkov draft(draft_chain);
+  target.released.reserve(64);  // the release log: room for every sequence of both rounds
+  draft.released.reserve(64);
   double clock = 0.0;
   specdec::BatchDecoder decoder(target, draft,
                                 {.threads = 2,
@@ -117,7 +72,7 @@ TEST_CASE("BatchDecoder: steps allocate nothing once warm", "[batch][allocation]
     for (std::uint64_t id = first; id < first + 16; ++id) {
       specdec::SequenceRequest request;
       request.id = id;
-      request.prompt = {1, 2, static_cast<token_id>(id % vocab)};
+      request.prompt = {1, 2, static_cast<specdec::token_id>(id % vocab)};
       request.max_new_tokens = 10 + id % 7;
       request.seed = 5;
       if (id % 3 == 1) request.sampling = {.temperature = 0.8, .top_k = 4};

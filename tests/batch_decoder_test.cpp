@@ -20,6 +20,7 @@
 #include "specdec/batch_decoder.hpp"
 #include "specdec/greedy_verification.hpp"
 #include "speculative_decoder_models.hpp"
+#include "support/batch_markov.hpp"
 #include "support/sequence_law.hpp"
 #include "support/statistics.hpp"
 
@@ -32,55 +33,8 @@ using specdec::RowsView;
 using specdec::SamplingOptions;
 using specdec::SequenceRequest;
 using specdec::token_id;
+using specdec::testing::BatchMarkov;
 using specdec::testing::MarkovModel;
-
-/// A Markov target scoring the drafted prefixes of many sequences in one call. `shift`
-/// breaks it on purpose: row k of a block is the row of context + drafts[0..k + 1) (the
-/// wrong prefix) where that exists.
-class BatchMarkov : public MarkovModel<double> {
- public:
-  explicit BatchMarkov(MarkovModel<double> model) : MarkovModel<double>(std::move(model)) {}
-
-  RowsView<const double> score_batch(std::span<const BatchScoreRequest> requests) {
-    ++batch_calls;
-    if (fail_next) {
-      fail_next = false;
-      throw std::runtime_error("device lost");
-    }
-    const std::size_t vocab = vocab_size();
-    std::size_t rows = 0;
-    for (const auto& request : requests) rows += request.drafts.size() + 1;
-    rows_.resize(rows * vocab);
-    std::size_t at = 0;
-    for (const auto& request : requests) {
-      std::vector<std::size_t> states{state(request.context)};
-      for (const token_id x : request.drafts) {
-        states.push_back(next_state(states.back(), static_cast<std::size_t>(x)));
-      }
-      for (std::size_t k = 0; k <= request.drafts.size(); ++k) {
-        const std::size_t s = shift && k + 1 < states.size() ? states[k + 1] : states[k];
-        const auto source = row(s);
-        std::copy(source.begin(), source.end(), rows_.begin() + static_cast<std::ptrdiff_t>(at));
-        // A planted bad row: NaN for contexts starting with `poison` (if set).
-        if (poison >= 0 && !request.context.empty() && k == 0 &&
-            request.context.front() == poison) {
-          rows_[at] = std::nan("");
-        }
-        at += vocab;
-      }
-    }
-    return {rows_.data(), drop_row ? rows - 1 : rows, vocab};
-  }
-
-  std::size_t batch_calls = 0;
-  bool drop_row = false;
-  bool shift = false;
-  bool fail_next = false;
-  token_id poison = -1;
-
- private:
-  std::vector<double> rows_;
-};
 
 /// A draft model that throws for contexts starting with `fatal`.
 class ThrowingDraft : public MarkovModel<double> {
@@ -93,40 +47,6 @@ class ThrowingDraft : public MarkovModel<double> {
     return MarkovModel<double>::next_token_probabilities(context);
   }
   token_id fatal;
-};
-
-/// A draft model drafting for many sequences in one call (draft_batch), counting calls and
-/// the sequences released; `fail_next` / `drop_row` break its next call.
-class BatchDraftMarkov : public MarkovModel<double> {
- public:
-  explicit BatchDraftMarkov(MarkovModel<double> model) : MarkovModel<double>(std::move(model)) {}
-
-  RowsView<const double> draft_batch(std::span<const BatchScoreRequest> requests) {
-    ++batch_calls;
-    if (fail_next) {
-      fail_next = false;
-      throw std::runtime_error("draft device lost");
-    }
-    const std::size_t vocab = vocab_size();
-    rows_.resize(requests.size() * vocab);
-    for (std::size_t b = 0; b < requests.size(); ++b) {
-      std::size_t s = state(requests[b].context);
-      for (const token_id x : requests[b].drafts) s = next_state(s, static_cast<std::size_t>(x));
-      const auto source = row(s);
-      std::copy(source.begin(), source.end(),
-                rows_.begin() + static_cast<std::ptrdiff_t>(b * vocab));
-    }
-    return {rows_.data(), drop_row ? requests.size() - 1 : requests.size(), vocab};
-  }
-  void release_sequence(std::uint64_t id) { released.push_back(id); }
-
-  std::size_t batch_calls = 0;
-  bool fail_next = false;
-  bool drop_row = false;
-  std::vector<std::uint64_t> released;
-
- private:
-  std::vector<double> rows_;
 };
 
 /// Proposes `out.size()` copies of `token` after contexts starting with `bad_start`, nothing
@@ -231,16 +151,16 @@ TEST_CASE("BatchDecoder: every sequence follows its target law", "[batch_decoder
     MarkovModel<double> draft = draft_chain;
     BatchDecoder models(target, draft, {.threads = 2, .parallel_threshold = 0});
     check(models, "model drafts", true);
-    CHECK(target.batch_calls == models.steps());  // one target call per step
+    CHECK(target.score_calls == models.steps());  // one target call per step
     ChainProposer proposer{&draft_chain};
     BatchMarkov target2(target_chain);
     BatchDecoder proposals(target2, proposer, {.threads = 2, .parallel_threshold = 0});
     check(proposals, "proposals", true);
     BatchMarkov target3(target_chain);
-    BatchDraftMarkov batched_draft(draft_chain);
+    BatchMarkov batched_draft(draft_chain, "draft device lost");
     BatchDecoder batched(target3, batched_draft, {.threads = 2, .parallel_threshold = 0});
     check(batched, "batched drafts (draft_batch)", true);
-    CHECK(batched_draft.batch_calls <= 4 * batched.steps());  // gamma <= 4: per position
+    CHECK(batched_draft.draft_calls <= 4 * batched.steps());  // gamma <= 4: per position
     BatchMarkov shifted(target_chain);
     shifted.shift = true;
     MarkovModel<double> draft2 = draft_chain;
@@ -294,13 +214,13 @@ TEST_CASE("BatchDecoder: a batched draft model drafts the tokens one-at-a-time d
     BatchDecoder one_at_a_time(target, draft, {.threads = 2, .parallel_threshold = 0});
     const auto expected = decode_all(one_at_a_time, 30, 20, sampling, 6);
     BatchMarkov target2(target_chain);
-    BatchDraftMarkov batched_draft(draft_chain);
+    BatchMarkov batched_draft(draft_chain, "draft device lost");
     BatchDecoder batched(target2, batched_draft, {.threads = 2, .parallel_threshold = 0});
     const auto tokens = decode_all(batched, 30, 20, sampling, 6);
     INFO("T = " << sampling.temperature);
     CHECK(tokens == expected);
     CHECK(batched.steps() == one_at_a_time.steps());
-    CHECK(batched_draft.batch_calls <= 4 * batched.steps());
+    CHECK(batched_draft.draft_calls <= 4 * batched.steps());
     // Every sequence is released once, when it leaves.
     std::vector<std::uint64_t> released = batched_draft.released;
     std::sort(released.begin(), released.end());
@@ -583,7 +503,7 @@ TEST_CASE("B12 BatchDecoder: a failing batched draft call changes nothing",
   const auto draft_chain = specdec::testing::make_markov_draft(target_chain, 64);
   const auto decode = [&](bool fail) {
     BatchMarkov target(target_chain);
-    BatchDraftMarkov draft(draft_chain);
+    BatchMarkov draft(draft_chain, "draft device lost");
     BatchDecoder decoder(target, draft, {.threads = 2, .parallel_threshold = 0});
     for (std::uint64_t id = 0; id < 10; ++id) decoder.add(request(id, 15, {}, 3));
     decoder.step();

@@ -26,6 +26,7 @@
 #include "specdec/batch_gamma.hpp"
 #include "specdec/greedy_verification.hpp"
 #include "speculative_decoder_models.hpp"
+#include "support/batch_markov.hpp"
 #include "support/sequence_law.hpp"
 #include "support/statistics.hpp"
 
@@ -318,43 +319,6 @@ namespace {
 
 /// A batch-scoring Markov target whose calls advance a simulated clock by T(rows), and a
 /// draft whose calls advance it by d.
-class CostedTarget : public MarkovModel<double> {
- public:
-  CostedTarget(MarkovModel<double> model, double* clock, Cost cost)
-      : MarkovModel<double>(std::move(model)), clock_(clock), cost_(std::move(cost)) {}
-
-  specdec::RowsView<const double> score_batch(
-      std::span<const specdec::BatchScoreRequest> requests) {
-    const std::size_t vocab = vocab_size();
-    std::size_t rows = 0;
-    for (const auto& request : requests) rows += request.drafts.size() + 1;
-    *clock_ += cost_(rows);
-    rows_.resize(rows * vocab);
-    std::size_t at = 0;
-    for (const auto& request : requests) {
-      std::size_t s = state(request.context);
-      for (std::size_t k = 0; k <= request.drafts.size(); ++k) {
-        std::size_t source = s;
-        if (shift && k < request.drafts.size()) {
-          source = next_state(s, static_cast<std::size_t>(request.drafts[k]));
-        }
-        const auto r = row(source);
-        std::copy(r.begin(), r.end(), rows_.begin() + static_cast<std::ptrdiff_t>(at));
-        at += vocab;
-        if (k < request.drafts.size())
-          s = next_state(s, static_cast<std::size_t>(request.drafts[k]));
-      }
-    }
-    return {rows_.data(), rows, vocab};
-  }
-  bool shift = false;
-
- private:
-  double* clock_;
-  Cost cost_;
-  std::vector<double> rows_;
-};
-
 class CostedDraft : public MarkovModel<double> {
  public:
   CostedDraft(MarkovModel<double> model, double* clock, double cost)
@@ -383,7 +347,8 @@ PlannedRun decode_planned(const MarkovModel<double>& target_chain,
                           double draft_cost, std::size_t count, std::size_t length,
                           const SamplingOptions& sampling, std::size_t wave, bool shift = false) {
   double clock = 0.0;
-  CostedTarget target(target_chain, &clock, cost);
+  specdec::testing::BatchMarkov target(target_chain);
+  target.on_call = [&](std::size_t rows) { clock += cost(rows); };
   target.shift = shift;
   CostedDraft draft(draft_chain, &clock, draft_cost);
   specdec::BatchDecoder decoder(target, draft,
