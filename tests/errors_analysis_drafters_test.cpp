@@ -249,3 +249,42 @@ TEST_CASE("R8 PromptLookupDrafter: n-gram bounds or window out of range", "[erro
       "R8", [] { specdec::PromptLookupDrafter lookup({.window = 1}); }, errc::invalid_option,
       "PromptLookupDrafter: window must be >= 2, got 1");
 }
+
+TEST_CASE("A9 expected_accepted_drafts: gamma = 0, too many blocks, bad rows",
+          "[errors][analysis]") {
+  const auto uniform = [](std::span<const token_id>) { return std::vector<double>{0.5, 0.5}; };
+  check_error(
+      "A9",
+      [&] {
+        (void)specdec::expected_accepted_drafts(uniform, uniform, 2, 0,
+                                                specdec::verification_rule::block);
+      },
+      errc::domain, "expected_accepted_drafts: gamma = 0, must be >= 1");
+  check_error(
+      "A9",
+      [&] {
+        (void)specdec::expected_accepted_drafts(uniform, uniform, 2, 25,
+                                                specdec::verification_rule::block);
+      },
+      errc::domain,
+      "expected_accepted_drafts: 2^25 blocks, more than the 2^24 the enumeration allows");
+  check_error(
+      "A9",
+      [&] {
+        (void)specdec::expected_accepted_drafts(uniform, uniform, 3, 2,
+                                                specdec::verification_rule::token);
+      },
+      errc::invalid_size,
+      "expected_accepted_drafts: the draft row after 0 drafted tokens has 2 entries, expected 3");
+  const auto negative = [](std::span<const token_id> prefix) {
+    return prefix.empty() ? std::vector<double>{0.5, 0.5} : std::vector<double>{1.5, -0.5};
+  };
+  check_error(
+      "A9",
+      [&] {
+        (void)specdec::expected_accepted_drafts(uniform, negative, 2, 2,
+                                                specdec::verification_rule::block);
+      },
+      errc::invalid_probability,
+      "expected_accepted_drafts: a target row after 1 drafted tokens has the entry -0.5");
+}

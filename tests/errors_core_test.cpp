@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "errors_catalogue.hpp"
+#include "specdec/block_verification.hpp"
 #include "specdec/greedy_verification.hpp"
 #include "specdec/random.hpp"
 #include "specdec/residual_distribution.hpp"
@@ -61,6 +62,18 @@ struct Step {
     return specdec::verify_speculative_proposals_checked(
         std::span<const token_id>(drafts), RowsView<const T>(target.data(), target_rows, vocab), g,
         options, 3);
+  }
+  specdec::VerificationResult block() {
+    return specdec::verify_block_checked(
+        std::span<const token_id>(drafts),
+        RowsView<const T>(draft.data(), draft_rows,
+                          draft.size() / std::max<std::size_t>(draft_rows, 1)),
+        RowsView<const T>(target.data(), target_rows, vocab), g, 3);
+  }
+  specdec::VerificationResult block_proposals() {
+    return specdec::verify_block_proposals_checked(
+        std::span<const token_id>(drafts), RowsView<const T>(target.data(), target_rows, vocab), g,
+        3);
   }
   specdec::VerificationResult greedy() {
     return specdec::verify_greedy_checked(std::span<const token_id>(drafts),
@@ -202,6 +215,9 @@ TEMPLATE_TEST_CASE("C10 verify_speculative_checked: draft and target rows of dif
   check_error(
       "C10", [&] { (void)step.speculative(); }, errc::vocab_mismatch,
       "draft rows have 5 entries but target rows have 4");
+  check_error(
+      "C10", [&] { (void)step.block(); }, errc::vocab_mismatch,
+      "draft rows have 5 entries but target rows have 4");
 }
 
 TEMPLATE_TEST_CASE("C11 checked verifiers: wrong number of target rows",
@@ -212,7 +228,12 @@ TEMPLATE_TEST_CASE("C11 checked verifiers: wrong number of target rows",
       "C11", [&] { (void)step.speculative(); }, errc::invalid_size,
       "target rows (step 3): got 2 rows, expected 3");
   check_error(
+      "C11", [&] { (void)step.block(); }, errc::invalid_size,
+      "target rows (step 3): got 2 rows, expected 3");
+  check_error(
       "C11", [&] { (void)step.proposals(); }, errc::invalid_size, "got 2 rows, expected 3");
+  check_error(
+      "C11", [&] { (void)step.block_proposals(); }, errc::invalid_size, "got 2 rows, expected 3");
   check_error(
       "C11", [&] { (void)step.greedy(); }, errc::invalid_size, "got 2 rows, expected 3");
 }
@@ -224,6 +245,9 @@ TEMPLATE_TEST_CASE("C12 verify_speculative_checked: wrong number of draft rows",
   step.draft.resize(4);
   check_error(
       "C12", [&] { (void)step.speculative(); }, errc::invalid_size,
+      "draft rows (step 3): got 1 rows, expected 2");
+  check_error(
+      "C12", [&] { (void)step.block(); }, errc::invalid_size,
       "draft rows (step 3): got 1 rows, expected 2");
 }
 
@@ -240,7 +264,12 @@ TEMPLATE_TEST_CASE("C13 checked verifiers: V = 0 (empty rows)",
       "C13", [&] { (void)step.speculative(); }, errc::invalid_size,
       "target row 0 (step 3): the vocabulary size is 0");
   check_error(
+      "C13", [&] { (void)step.block(); }, errc::invalid_size,
+      "target row 0 (step 3): the vocabulary size is 0");
+  check_error(
       "C13", [&] { (void)step.proposals(); }, errc::invalid_size, "vocabulary size is 0");
+  check_error(
+      "C13", [&] { (void)step.block_proposals(); }, errc::invalid_size, "vocabulary size is 0");
   check_error(
       "C13", [&] { (void)step.greedy(); }, errc::invalid_size, "vocabulary size is 0");
 }
@@ -253,7 +282,13 @@ TEMPLATE_TEST_CASE("C14 checked verifiers: NaN / infinite or negative probabilit
       "C14", [&] { (void)step.speculative(); }, errc::invalid_probability,
       "target row 1 (step 3): entry for token 2 is NaN");
   check_error(
+      "C14", [&] { (void)step.block(); }, errc::invalid_probability,
+      "target row 1 (step 3): entry for token 2 is NaN");
+  check_error(
       "C14", [&] { (void)step.proposals(); }, errc::invalid_probability,
+      "target row 1 (step 3): entry for token 2 is NaN");
+  check_error(
+      "C14", [&] { (void)step.block_proposals(); }, errc::invalid_probability,
       "target row 1 (step 3): entry for token 2 is NaN");
   check_error(
       "C14", [&] { (void)step.greedy(); }, errc::invalid_probability, "is NaN");
@@ -261,6 +296,9 @@ TEMPLATE_TEST_CASE("C14 checked verifiers: NaN / infinite or negative probabilit
   negative.draft[3] = TestType(-0.25);
   check_error(
       "C14", [&] { (void)negative.speculative(); }, errc::invalid_probability,
+      "draft row 0 (step 3): entry for token 3 is negative");
+  check_error(
+      "C14", [&] { (void)negative.block(); }, errc::invalid_probability,
       "draft row 0 (step 3): entry for token 3 is negative");
   Step<TestType> infinite;
   infinite.target[0] = static_cast<TestType>(infinity);
@@ -277,13 +315,21 @@ TEMPLATE_TEST_CASE("C15 checked verifiers: all-zero row",
       "C15", [&] { (void)step.speculative(); }, errc::zero_mass,
       "target row 2 (step 3): all entries are zero");
   check_error(
+      "C15", [&] { (void)step.block(); }, errc::zero_mass,
+      "target row 2 (step 3): all entries are zero");
+  check_error(
       "C15", [&] { (void)step.proposals(); }, errc::zero_mass, "all entries are zero");
+  check_error(
+      "C15", [&] { (void)step.block_proposals(); }, errc::zero_mass, "all entries are zero");
   check_error(
       "C15", [&] { (void)step.greedy(); }, errc::zero_mass, "all entries are zero");
   Step<TestType> draft;
   std::fill(draft.draft.begin(), draft.draft.begin() + 4, TestType(0));
   check_error(
       "C15", [&] { (void)draft.speculative(); }, errc::zero_mass,
+      "draft row 0 (step 3): all entries are zero");
+  check_error(
+      "C15", [&] { (void)draft.block(); }, errc::zero_mass,
       "draft row 0 (step 3): all entries are zero");
 }
 
@@ -293,6 +339,9 @@ TEMPLATE_TEST_CASE("C16 checked verifiers: row that does not sum to 1",
   step.draft[4] = TestType(0.2);  // draft row 1 sums to 1.1
   check_error(
       "C16", [&] { (void)step.speculative(); }, errc::not_normalized,
+      "draft row 1 (step 3): entries sum to 1.1");
+  check_error(
+      "C16", [&] { (void)step.block(); }, errc::not_normalized,
       "draft row 1 (step 3): entries sum to 1.1");
   Step<TestType> logits;  // greedy: unnormalised scores are rejected by the checked twin ...
   for (auto& x : logits.target) x *= TestType(3);
@@ -314,7 +363,12 @@ TEMPLATE_TEST_CASE("C17 checked verifiers: draft token id outside 0..V-1",
         "C17", [&] { (void)step.speculative(); }, errc::invalid_token,
         "draft token at position 1 (step 3): id");
     check_error(
+        "C17", [&] { (void)step.block(); }, errc::invalid_token,
+        "draft token at position 1 (step 3): id");
+    check_error(
         "C17", [&] { (void)step.proposals(); }, errc::invalid_token, "is outside [0, 4)");
+    check_error(
+        "C17", [&] { (void)step.block_proposals(); }, errc::invalid_token, "is outside [0, 4)");
     check_error(
         "C17", [&] { (void)step.greedy(); }, errc::invalid_token, "is outside [0, 4)");
   }
@@ -333,6 +387,8 @@ TEMPLATE_TEST_CASE("C18 checked verifiers: gamma = 0 is valid (bonus token from 
   CHECK(speculative.source == specdec::token_source::bonus);
   CHECK(step.target[static_cast<std::size_t>(speculative.token)] > TestType(0));
   CHECK(step.proposals().source == specdec::token_source::bonus);
+  CHECK(step.block().source == specdec::token_source::bonus);
+  CHECK(step.block_proposals().source == specdec::token_source::bonus);
   CHECK(step.greedy().token == 0);
 }
 
@@ -352,6 +408,14 @@ TEMPLATE_TEST_CASE("C19 zero residual mass: correction drawn from p / residual_f
   CHECK(result.source == specdec::token_source::correction);
   CHECK(result.residual_fallback);
   CHECK(row[static_cast<std::size_t>(result.token)] > TestType(0));
+  // Block verification: rho_1 = 0 (p(3) = 0), so n = 0, and the residual max(0, p_1 - q_1)
+  // has no mass either.
+  const auto block = specdec::verify_block_checked(
+      std::span<const token_id>(drafts), RowsView<const TestType>(row.data(), 1, 4),
+      RowsView<const TestType>(target.data(), 2, 4), g);
+  CHECK(block.accepted == 0);
+  CHECK(block.residual_fallback);
+  CHECK(row[static_cast<std::size_t>(block.token)] > TestType(0));
   // The samplers report the same through ResidualDraw::fallback and the distribution object.
   const auto draw =
       specdec::sample_residual(std::span<const TestType>(row), std::span<const TestType>(row), g);

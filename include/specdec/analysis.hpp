@@ -22,17 +22,21 @@
 //   - a confidence level outside (0, 1).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <ranges>
+#include <span>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "specdec/concepts.hpp"
 #include "specdec/error.hpp"
+#include "specdec/verification_result.hpp"
 
 namespace specdec {
 
@@ -258,6 +262,144 @@ requires std::floating_point<std::ranges::range_value_t<R>>
   }
   detail::check_gamma("expected_tokens_per_step (number of betas)", count);
   return static_cast<T>(tokens);
+}
+
+namespace detail {
+
+/// Row access for expected_accepted_drafts: model(prefix) returns a probability vector.
+template <class Model>
+struct prefix_rows {
+  Model* model;
+  std::vector<token_id>* prefix;
+
+  [[nodiscard]] std::vector<double> operator()() const {
+    const auto& row = (*model)(std::span<const token_id>(*prefix));
+    std::vector<double> out(std::ranges::size(row));
+    std::size_t j = 0;
+    for (const auto value : row) out[j++] = static_cast<double>(value);
+    return out;
+  }
+};
+
+template <class Draft, class Target>
+struct accepted_drafts_enumeration {
+  Draft* draft;
+  Target* target;
+  std::size_t vocab_size;
+  std::size_t gamma;
+  verification_rule rule;
+  std::vector<token_id> prefix;
+  std::vector<double> rho;  // rho_0..rho_i along the prefix
+  std::vector<double> h;    // h_1..h_{gamma-1} along the prefix (block rule)
+
+  std::vector<double> row(bool of_target) {
+    std::vector<double> out;
+    if (of_target) {
+      out = prefix_rows<Target>{target, &prefix}();
+    } else {
+      out = prefix_rows<Draft>{draft, &prefix}();
+    }
+    if (out.size() != vocab_size) {
+      throw_error(errc::invalid_size, "expected_accepted_drafts: the ",
+                  of_target ? "target" : "draft", " row after ", prefix.size(),
+                  " drafted tokens has ", out.size(), " entries, expected ", vocab_size);
+    }
+    for (const double value : out) {
+      if (!(value >= 0.0 && value <= std::numeric_limits<double>::max())) {
+        throw_error(errc::invalid_probability, "expected_accepted_drafts: a ",
+                    of_target ? "target" : "draft", " row after ", prefix.size(),
+                    " drafted tokens has the entry ", value);
+      }
+    }
+    return out;
+  }
+
+  // E[n | prefix] weighted by the prefix's draft probability, summed over its completions.
+  double expand(double weight) {
+    const std::size_t depth = prefix.size();
+    if (depth == gamma) return weight * leaf();
+    const std::vector<double> q = row(false);
+    const std::vector<double> p = row(true);
+    if (rule != verification_rule::token && depth > 0) {
+      double z = 0.0;
+      for (std::size_t x = 0; x < vocab_size; ++x) {
+        const double d = rho[depth] * p[x] - q[x];
+        if (d > 0.0) z += d;
+      }
+      const double denominator = z + (1.0 - rho[depth]);
+      h[depth] = denominator > 0.0 ? z / denominator : 1.0;
+    }
+    double total = 0.0;
+    for (std::size_t x = 0; x < vocab_size; ++x) {
+      if (!(q[x] > 0.0)) continue;
+      double next = 0.0;  // rho_{depth+1} (block) or the token rule's acceptance probability
+      if (rho[depth] > 0.0 && p[x] > 0.0) next = std::min(1.0, rho[depth] * p[x] / q[x]);
+      if (rule == verification_rule::token) next = std::min(1.0, p[x] / q[x]) * rho[depth];
+      prefix.push_back(static_cast<token_id>(x));
+      rho.push_back(next);
+      total += expand(weight * q[x]);
+      rho.pop_back();
+      prefix.pop_back();
+    }
+    return total;
+  }
+
+  // E[n | x_1..x_gamma].
+  double leaf() {
+    if (rule == verification_rule::token) {  // rho_i = P(x_1..x_i all accepted)
+      double expected = 0.0;
+      for (std::size_t i = 1; i <= gamma; ++i) expected += rho[i];
+      return expected;
+    }
+    double expected = 0.0;
+    double none_above = 1.0;  // P(the scan fails at every position above i)
+    for (std::size_t i = gamma; i >= 1; --i) {
+      const double weight = i == gamma ? rho[gamma] : h[i];
+      expected += static_cast<double>(i) * none_above * weight;
+      none_above *= 1.0 - weight;
+    }
+    return expected;
+  }
+};
+
+}  // namespace detail
+
+/// The exact expected number of drafts accepted in one step, for a draft model and a
+/// target model given as functions of the drafted prefix: draft(prefix) and target(prefix)
+/// return the q and p rows (any range of float or double of `vocab_size` entries, summing
+/// to 1) after the step's context followed by `prefix` = x_1..x_i (i = 0..gamma - 1; the
+/// context is the caller's, fixed). Drafts are x_i ~ q_i. `rule`: Algorithm 1 (token) or
+/// block verification (block; automatic counts as block). By enumeration of every drafted block of
+/// positive draft probability: at most vocab_size^gamma blocks, each costing O(vocab_size) per
+/// position; the enumeration is limited to vocab_size^gamma <= 2^24 blocks (errc::domain beyond).
+/// Throws errc::domain for gamma < 1, errc::invalid_size / invalid_probability for a row of the
+/// wrong size or with a negative, NaN or infinite entry.
+///
+/// The paper's example (Sun et al.): p = (1/3, 2/3) and q = (2/3, 1/3) at every position,
+/// gamma 2: 10/9 under the token rule, 11/9 under block verification.
+template <class Draft, class Target>
+[[nodiscard]] double expected_accepted_drafts(Draft&& draft, Target&& target,
+                                              std::size_t vocab_size, std::size_t gamma,
+                                              verification_rule rule) {
+  if (gamma < 1) {
+    detail::throw_error(errc::domain, "expected_accepted_drafts: gamma = 0, must be >= 1");
+  }
+  if (vocab_size == 0) {
+    detail::throw_error(errc::invalid_size, "expected_accepted_drafts: vocab_size is 0");
+  }
+  double blocks = 1.0;
+  for (std::size_t i = 0; i < gamma; ++i) blocks *= static_cast<double>(vocab_size);
+  if (blocks > 16777216.0) {
+    detail::throw_error(errc::domain, "expected_accepted_drafts: ", vocab_size, "^", gamma,
+                        " blocks, more than the 2^24 the enumeration allows");
+  }
+  using draft_type = std::remove_reference_t<Draft>;
+  using target_type = std::remove_reference_t<Target>;
+  detail::accepted_drafts_enumeration<draft_type, target_type> enumeration{
+      &draft, &target, vocab_size, gamma, rule, {}, {1.0}, std::vector<double>(gamma + 1, 1.0)};
+  enumeration.prefix.reserve(gamma);
+  enumeration.rho.reserve(gamma + 1);
+  return enumeration.expand(1.0);
 }
 
 /// Expected walltime improvement factor over standard decoding (Theorem 3.8):

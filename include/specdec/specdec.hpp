@@ -3,11 +3,16 @@
 
 #include "specdec/analysis.hpp"                // IWYU pragma: export
 #include "specdec/batch_decoder.hpp"           // IWYU pragma: export
+#include "specdec/batch_draft_stage.hpp"       // IWYU pragma: export
 #include "specdec/batch_gamma.hpp"             // IWYU pragma: export
+#include "specdec/batch_score_stage.hpp"       // IWYU pragma: export
+#include "specdec/batch_sequence.hpp"          // IWYU pragma: export
 #include "specdec/batch_verification.hpp"      // IWYU pragma: export
+#include "specdec/block_verification.hpp"      // IWYU pragma: export
 #include "specdec/cached_context.hpp"          // IWYU pragma: export
 #include "specdec/concepts.hpp"                // IWYU pragma: export
 #include "specdec/config.hpp"                  // IWYU pragma: export
+#include "specdec/draft_stage.hpp"             // IWYU pragma: export
 #include "specdec/draft_tree.hpp"              // IWYU pragma: export
 #include "specdec/drafters/count_models.hpp"   // IWYU pragma: export
 #include "specdec/drafters/ngram.hpp"          // IWYU pragma: export
@@ -21,10 +26,15 @@
 #include "specdec/residual_distribution.hpp"   // IWYU pragma: export
 #include "specdec/rows.hpp"                    // IWYU pragma: export
 #include "specdec/sampling.hpp"                // IWYU pragma: export
+#include "specdec/score_stage.hpp"             // IWYU pragma: export
 #include "specdec/speculative_decoder.hpp"     // IWYU pragma: export
 #include "specdec/speculative_sampling.hpp"    // IWYU pragma: export
 #include "specdec/statistics.hpp"              // IWYU pragma: export
+#include "specdec/step_checks.hpp"             // IWYU pragma: export
+#include "specdec/step_rows.hpp"               // IWYU pragma: export
 #include "specdec/stop_conditions.hpp"         // IWYU pragma: export
+#include "specdec/tree_stage.hpp"              // IWYU pragma: export
 #include "specdec/tree_verification.hpp"       // IWYU pragma: export
 #include "specdec/validation.hpp"              // IWYU pragma: export
 #include "specdec/verification_result.hpp"     // IWYU pragma: export
+#include "specdec/verify_stage.hpp"            // IWYU pragma: export

@@ -20,6 +20,28 @@ enum class token_source : std::uint8_t {
   bonus,       ///< t after accepting all gamma drafts: drawn from p_{gamma+1}
 };
 
+/// Which rule verifies a chain of model drafts.
+enum class verification_rule : std::uint8_t {
+  /// The decoder's default: block verification where it applies (model drafts at T > 0,
+  /// lenience 1, chain steps), else Algorithm 1 (proposals, greedy, lenience < 1, trees).
+  automatic,
+  token,  ///< Algorithm 1 (verify_speculative): each draft decided alone
+  block,  ///< block verification (block_verification.hpp): the drafted block as a whole
+};
+
+/// "automatic", "token" or "block".
+[[nodiscard]] constexpr std::string_view to_string(verification_rule rule) noexcept {
+  switch (rule) {
+    case verification_rule::automatic:
+      return "automatic";
+    case verification_rule::token:
+      return "token";
+    case verification_rule::block:
+      return "block";
+  }
+  return "unknown";
+}
+
 /// "draft", "correction" or "bonus".
 [[nodiscard]] constexpr std::string_view to_string(token_source source) noexcept {
   switch (source) {

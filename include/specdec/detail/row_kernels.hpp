@@ -132,6 +132,32 @@ struct lenient_difference_source {
   }
 };
 
+/// Weights max(0, s * p[j] - f * c[j]) with s in (0, 1]: block verification's residual
+/// (block_verification.hpp), s the prefix ratio rho_n, q = f * c the draft row (f = 1 for
+/// normalised rows; the decoder keeps draft rows unnormalised with a scalar factor).
+template <class T>
+struct scaled_difference_source {
+  const T* target;
+  const T* draft;
+  std::size_t count;
+  T scale;
+  T draft_scale;
+
+  [[nodiscard]] std::size_t size() const noexcept { return count; }
+  [[nodiscard]] inline T element(std::size_t j) const noexcept {
+    return clamp_nonnegative(scale * target[j] - draft_scale * draft[j]);
+  }
+  [[nodiscard]] inline double full_block_sum(std::size_t first) const noexcept {
+    const T* p = target;
+    const T* q = draft;
+    const T s = scale;
+    const T f = draft_scale;
+    return full_block_lanes<T>(first, [p, q, s, f](std::size_t j) SPECDEC_LAMBDA_INLINE {
+      return clamp_nonnegative(s * p[j] - f * q[j]);
+    });
+  }
+};
+
 /// Weights max(0, row[j]) except at `replaced`, whose weight is `replacement`: the residual
 /// of a one-hot draft q = e_x, max(0, p - l e_x), i.e. p with x removed when l = 1.
 template <class T>
