@@ -25,6 +25,7 @@
 #include "specdec/sampling.hpp"
 #include "specdec/speculative_decoder.hpp"
 #include "support/kernel_path_listener.hpp"
+#include "support/sequence_law.hpp"
 
 namespace {
 
@@ -736,10 +737,22 @@ TEST_CASE("D15 generate: a float row off 1 by just over the tolerance is rejecte
         errc::not_normalized, "draft row 0 (step 0, sequence position 2): entries sum to 1.001");
     Fixed good_draft{uniform};
     Fixed bad_target{row};
-    specdec::SpeculativeDecoder target_side(bad_target, good_draft, options);
+    // Algorithm 1 reads p_1 first; block verification (the default) reads the rows from
+    // the top of the block down, so the first row it rejects depends on the uniforms.
+    specdec::DecoderOptions token_rule = options;
+    token_rule.verification = specdec::verification_rule::token;
+    specdec::SpeculativeDecoder target_side(bad_target, good_draft, token_rule);
     check_error(
         "D15", [&] { (void)target_side.generate(prompt, 8, std::uint64_t{1}); },
         errc::not_normalized, "target row 0 (step 0, sequence position 2): entries sum to 1.001");
+    specdec::SpeculativeDecoder block_side(bad_target, good_draft, options);
+    check_error(
+        "D15", [&] { (void)block_side.generate(prompt, 8, std::uint64_t{1}); },
+        errc::not_normalized, "(step 0, sequence position ");
+    const std::string what = check_error(
+        "D15", [&] { (void)block_side.generate(prompt, 8, std::uint64_t{1}); },
+        errc::not_normalized, "entries sum to 1.001");
+    CHECK(what.find("target row ") != std::string::npos);
   }
 }
 
@@ -1167,4 +1180,26 @@ TEST_CASE("P4 OptimalGammaController: option out of range", "[errors][gamma_poli
   check({.forgetting = 1.5}, "forgetting");
   check({.cost_ratio = -0.5}, "cost_ratio");
   check({.cost_ratio = infinity}, "cost_ratio");
+}
+
+TEST_CASE("D26 SpeculativeDecoder: verification = block with lenience < 1 or a token tree",
+          "[errors][speculative_decoder]") {
+  auto target = specdec::testing::make_markov_target(4, 1, 1);
+  auto draft = specdec::testing::make_markov_draft(target, 2);
+  specdec::DecoderOptions lenient{.lenience = 0.5};
+  lenient.verification = specdec::verification_rule::block;
+  check_error(
+      "D26", [&] { specdec::SpeculativeDecoder decoder(target, draft, lenient); },
+      errc::invalid_option,
+      "decoder option verification = block needs lenience = 1 (block verification is defined "
+      "for exact sampling), not 0.5");
+  lenient.verification = specdec::verification_rule::automatic;  // Algorithm 1, lenient
+  CHECK_NOTHROW(specdec::SpeculativeDecoder(target, draft, lenient));
+  specdec::DecoderOptions tree{.tree_shape = specdec::TreeShape::branching({2, 2})};
+  tree.verification = specdec::verification_rule::block;
+  check_error(
+      "D26", [&] { specdec::SpeculativeDecoder decoder(target, draft, tree); },
+      errc::invalid_option,
+      "decoder option verification = block applies to chain steps; tree steps (tree_shape with "
+      "6 draft nodes) verify by recursive rejection");
 }

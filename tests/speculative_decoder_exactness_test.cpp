@@ -2,8 +2,9 @@
 // the sequences it generates follow the target's own autoregressive law under the same
 // standardization, for Markov targets of order 1 and 2, V in {4, 16, 64}, gamma in
 // {1, 3, 6}, T = 1, T = 0.7 with top-k and top-p (sparse rows) and T = 0.8 with top-p and
-// min-p (dense rows) on both sides, for LanguageModel drafts and proposal-only drafters. Chi-square
-// goodness of fit at a 1e-9 false-failure rate.
+// min-p (dense rows) on both sides, for LanguageModel drafts (verified by block verification,
+// the default, and by Algorithm 1, in alternation across configurations) and proposal-only
+// drafters. Chi-square goodness of fit at a 1e-9 false-failure rate.
 //
 // The statistic (tests/support/sequence_law.hpp): the full law of 4 tokens for V = 4, the
 // "rank profile" of 3 tokens (64 cells, exact probabilities by enumeration) for V = 16 and
@@ -78,15 +79,20 @@ TEST_CASE("SpeculativeDecoder exactness: LanguageModel drafts", "[speculative_de
         const SequenceLaw law(target_model, sampling, length);
         const std::size_t samples = samples_for(law);
         for (const std::size_t gamma : {1U, 3U, 6U}) {
+          // Block verification (the default) and Algorithm 1 alternate across
+          // configurations: each sampling variant is verified both ways at gamma > 1.
+          const bool token_rule = (gamma + static_cast<std::size_t>(variant) + order) % 2 == 1;
           specdec::DecoderOptions options{.sampling = sampling,
                                           .gamma_policy = specdec::FixedGamma(gamma)};
+          if (token_rule) options.verification = specdec::verification_rule::token;
           // alternate batched and per-prefix targets across configurations
           const bool use_batched = (gamma + order) % 2 == 0;
           INFO("V = " << vocab << ", order " << order << ", gamma " << gamma
                       << (variant == 2 ? ", T = 0.8 top-p min-p"
                           : truncated  ? ", T = 0.7 top-k top-p"
                                        : ", T = 1")
-                      << (use_batched ? ", batched" : ", per prefix"));
+                      << (use_batched ? ", batched" : ", per prefix")
+                      << (token_rule ? ", token rule" : ", block verification"));
           specdec::testing::ChiSquareResult result;
           if (use_batched) {
             specdec::SpeculativeDecoder decoder(batched, draft, options);

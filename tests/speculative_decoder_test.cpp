@@ -680,7 +680,9 @@ TEST_CASE("SpeculativeDecoder: varying gamma grows the workspace", "[speculative
 TEST_CASE("SpeculativeDecoder: lenience is forwarded to the verifier", "[speculative_decoder]") {
   UnigramModel<double> target{{0.7, 0.1, 0.1, 0.1}};
   UnigramModel<double> draft{{0.1, 0.1, 0.1, 0.7}};
-  SpeculativeDecoder exact(target, draft);
+  // Algorithm 1 at lenience 1 (the default verifies by blocks, which accepts more) against
+  // lenience 0.2, which the decoder verifies with Algorithm 1's lenient rule.
+  SpeculativeDecoder exact(target, draft, {.verification = specdec::verification_rule::token});
   SpeculativeDecoder lenient(target, draft, {.lenience = 0.2});
   // accepted drafts per verified position: beta = 0.4 exactly; with l = 0.2 tokens 0-2 are
   // always accepted and token 3 with probability 0.1 / 0.14: 0.3 + 0.7 * 0.714 = 0.8

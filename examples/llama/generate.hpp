@@ -82,6 +82,8 @@ struct RunOptions {
   specdec::TreeShape tree_shape = default_tree_shape();
   std::vector<specdec::token_id> stop_tokens{};
   std::function<void(const specdec::EmittedToken&)> on_token{};
+  /// How chain steps verify model drafts (DecoderOptions::verification).
+  specdec::verification_rule verification = specdec::verification_rule::automatic;
 };
 
 struct RunResult {
@@ -246,6 +248,7 @@ RunResult run_decoder(Engine& target_engine, Engine* draft_engine, Target& targe
     draft_engine->reset_counters();
   }
   decoder_options.sampling = options.sampling;
+  decoder_options.verification = options.verification;
   decoder_options.stop_tokens = options.stop_tokens;
   decoder_options.on_token = options.on_token;
   RunResult result;

@@ -58,6 +58,8 @@ prompt and sampling:
   --top-k K            keep the K likeliest tokens (0: all)
   --top-p P            keep the smallest set with mass >= P (1: all)
   --seed S             random seed (default 0)
+  --verification RULE  automatic (default: block verification for model drafts at T > 0),
+                       token (Algorithm 1) or block
   --ignore-eos         do not stop at the end-of-sequence token
 
 output:
@@ -76,6 +78,7 @@ struct Arguments {
   std::size_t top_k = 0;
   std::uint64_t seed = 0;
   std::vector<std::size_t> tree_shape;
+  specdec::verification_rule verification = specdec::verification_rule::automatic;
 };
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -148,6 +151,17 @@ Arguments parse(int argc, char** argv) {
       a.prompt_ids = value();
     } else if (flag == "-n") {
       a.n = parse_size(flag, value());
+    } else if (flag == "--verification") {
+      const std::string& name = value();
+      if (name == "automatic") {
+        a.verification = specdec::verification_rule::automatic;
+      } else if (name == "token") {
+        a.verification = specdec::verification_rule::token;
+      } else if (name == "block") {
+        a.verification = specdec::verification_rule::block;
+      } else {
+        usage_error("--verification expects automatic, token or block, got \"" + name + "\"");
+      }
     } else if (flag == "--temperature") {
       a.temperature = parse_real(flag, value());
     } else if (flag == "--top-k") {
@@ -276,6 +290,7 @@ int main(int argc, char** argv) {
     options.max_new_tokens = a.n;
     options.seed = a.seed;
     options.gamma = a.gamma;
+    options.verification = a.verification;
     if (!a.tree_shape.empty()) options.tree_shape = specdec::TreeShape::branching(a.tree_shape);
     if (!a.ignore_eos && tokenizer.eos()) options.stop_tokens.push_back(*tokenizer.eos());
     options.sampling.validate();

@@ -141,8 +141,12 @@ struct DecoderOptions {
   ///    standardizes (per-prefix targets, T != 1, truncation): one screening pass first;
   ///  - target rows used in place (a batched target at T = 1 without truncation): in the
   ///    pass that reads each row whole anyway (beta, the residual or bonus draw), or a
-  ///    screening pass for an accepted row without beta. p_1..p_{n+1} are read, so checked;
-  ///    rows after the one the final token comes from are never read, so not checked;
+  ///    screening pass for an accepted row without beta. Algorithm 1 reads p_1..p_{n+1},
+  ///    so checks them; rows after the one the final token comes from are never read, so
+  ///    not checked. Block verification (the default for model drafts at T > 0) reads
+  ///    p_{n+1}..p_gamma whole too (the residual masses Z of its scan, from the top down)
+  ///    and checks them in those passes, so a bad row above n can be the first reported;
+  ///    rows after a draft that p rules out are not read;
   ///  - greedy decoding (temperature 0): inside its argmax scans, every row it takes a token
   ///    from, for NaN, negative and infinite entries and all-zero rows, not for the sum
   ///    (argmax does not need it); target rows after the first mismatch are not read.
@@ -167,6 +171,15 @@ struct DecoderOptions {
   expansion tree_sampling = expansion::without_replacement;
   /// With replacement: repeated draws become repeat counts (true) or duplicate nodes.
   bool tree_merge_repeats = true;
+  /// How chain steps verify a LanguageModel draft's tokens at T > 0. automatic (the
+  /// default): block verification (block_verification.hpp: the drafted block decided as a
+  /// whole; exact, never fewer accepted drafts in expectation) at lenience 1, Algorithm 1
+  /// with lenience < 1 (block verification is defined for exact sampling only). token:
+  /// Algorithm 1 always (to reproduce Algorithm 1 runs). block: block verification, an
+  /// invalid_option error with lenience < 1 or a tree_shape. Proposal drafters and greedy
+  /// decoding verify as before under every setting (block verification accepts the same
+  /// number of drafts in expectation there), and tree steps by recursive rejection.
+  verification_rule verification = verification_rule::automatic;
 };
 
 /// What one speculative step did. The spans view the decoder's storage and stay valid until
@@ -261,6 +274,11 @@ struct DecoderStatistics {
   [[nodiscard]] double tokens_per_step() const noexcept {
     return steps == 0 ? 0.0 : static_cast<double>(emitted_tokens) / static_cast<double>(steps);
   }
+  /// Accepted drafts per step: what block verification raises over Algorithm 1
+  /// (DecoderOptions::verification); 0 before the first step.
+  [[nodiscard]] double accepted_per_step() const noexcept {
+    return steps == 0 ? 0.0 : static_cast<double>(accepted_tokens) / static_cast<double>(steps);
+  }
   /// Accepted over drafted tokens.
   [[nodiscard]] double acceptance_rate() const noexcept {
     return drafted_tokens == 0
@@ -311,6 +329,19 @@ inline void check_decoder_options(const DecoderOptions& options, std::size_t voc
                           "decoder option tree_sampling = ", to_string(options.tree_sampling),
                           " must be with_replacement or without_replacement");
     }
+  }
+  if (options.verification == verification_rule::block && options.lenience != 1.0) {
+    detail::throw_error(errc::invalid_option,
+                        "decoder option verification = block needs lenience = 1 (block "
+                        "verification is defined for exact sampling), not ",
+                        options.lenience);
+  }
+  if (options.verification == verification_rule::block && options.tree_shape.draft_size() > 0) {
+    detail::throw_error(errc::invalid_option,
+                        "decoder option verification = block applies to "
+                        "chain steps; tree steps (tree_shape with ",
+                        options.tree_shape.draft_size(),
+                        " draft nodes) verify by recursive rejection");
   }
   if (options.gamma_policy.next_gamma() == 0) {
     detail::throw_error(errc::invalid_option,
@@ -503,6 +534,12 @@ class SpeculativeDecoder {
   [[nodiscard]] bool tree_mode() const noexcept {
     return (draft_is_model || draft_proposes_trees) && options_.tree_shape.draft_size() > 0;
   }
+  // Block verification for this decoder's chain steps (DecoderOptions::verification): model
+  // drafts at T > 0 and lenience 1, unless the token rule is asked for.
+  [[nodiscard]] bool uses_block() const noexcept {
+    return draft_is_model && !options_.sampling.greedy() && options_.lenience == 1.0 &&
+           options_.verification != verification_rule::token;
+  }
   // Rows truncated by top-k are kept as their survivors (chain steps).
   [[nodiscard]] bool sparse_mode() const noexcept {
     return standardizer_.sparse_for(vocab_size_) && !tree_mode();
@@ -624,7 +661,14 @@ class SpeculativeDecoder {
               if constexpr (draft_is_model) return draft_stage_.survivors(i);
               return detail::sparse_row<value_type>{};
             };
-            verdict = verify_survivors(drafts, p, q, !draft_is_model, rules, g, residual_.data());
+            verdict =
+                uses_block()
+                    ? verify_survivors_block(drafts, p, q, rules, g, residual_.data())
+                    : verify_survivors(drafts, p, q, !draft_is_model, rules, g, residual_.data());
+          } else if (uses_block()) {
+            verdict =
+                verify_dense_block(drafts, rows, draft_stage_, in_place && options_.validate_rows,
+                                   rules, checks_, g, load_through);
           } else {
             verdict = verify_dense<draft_is_model>(drafts, rows, draft_stage_,
                                                    in_place && options_.validate_rows, rules,

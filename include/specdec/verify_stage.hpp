@@ -20,8 +20,10 @@
 #include <span>
 #include <vector>
 
+#include "specdec/block_verification.hpp"
 #include "specdec/config.hpp"
 #include "specdec/detail/decoder_kernels.hpp"
+#include "specdec/detail/row_kernels.hpp"
 #include "specdec/detail/sparse_rows.hpp"
 #include "specdec/draft_stage.hpp"
 #include "specdec/greedy_verification.hpp"
@@ -171,6 +173,169 @@ StepVerdict verify_dense(std::span<const token_id> drafts, RowsView<const T> tar
     out.source = token_source::bonus;
   }
   if (beta) {
+    out.beta_positions = std::min(n + 1, drafted);
+    out.beta_sum = beta_sum;
+  }
+  return out;
+}
+
+/// Block verification (block_verification.hpp) over dense target rows with model drafts
+/// from the draft stage: rho from the drafted entries (every row's, loaded through
+/// load_through), then the scan from gamma down; row pair i < gamma is read once, in the pass
+/// that builds the mass table of max(0, rho_i p_{i+1} - q_{i+1}) (Z_{i+1}, screened there
+/// when `screen`), which the residual draw walks if the scan stops at i. Accepted rows are
+/// read whole only for beta and validation, as in verify_dense; beta_{n+1} takes a pass of
+/// its own (the block residual's mass is not 1 - beta).
+template <class T, class G, class LoadThrough>
+StepVerdict verify_dense_block(std::span<const token_id> drafts, RowsView<const T> target_rows,
+                               const DraftStage<T>& q, bool screen, const VerifyRules& rules,
+                               const StepChecks& checks, G& g, LoadThrough&& load_through) {
+  const std::size_t drafted = drafts.size();
+  const std::size_t vocab_size = target_rows.cols();
+  detail::prefix_ratios rho(drafted);
+  rho[0] = 1.0;
+  for (std::size_t i = 1; i <= drafted; ++i) {
+    if (rho[i - 1] == 0.0) {  // stays 0 (a draft p rules out): later rows are not read
+      rho[i] = 0.0;
+      continue;
+    }
+    load_through(i - 1);
+    const auto x = static_cast<std::size_t>(drafts[i - 1]);
+    rho[i] = detail::next_prefix_ratio(rho[i - 1], static_cast<double>(target_rows(i - 1, x)),
+                                       q.q(i - 1, x));
+  }
+  StepVerdict out;
+  detail::row_screen<T> p_screen;
+  std::span<const T> p;
+  const auto screen_block = [&](std::size_t first, std::size_t count)
+                                SPECDEC_LAMBDA_INLINE { p_screen.add(p.data() + first, count); };
+  std::size_t n = drafted;
+  if (drafted > 0 && uniform01<double>(g) < rho[drafted]) {  // h_gamma = rho_gamma
+    load_through(drafted);
+    p = target_rows.row(drafted);
+    const double u = uniform01<double>(g);
+    out.token =
+        screen ? detail::draw_from_target(p, u, screen_block) : detail::draw_from_target(p, u);
+    if (screen) checks.check_screen(p_screen, p, "target", drafted);
+    out.source = token_source::bonus;
+  } else {
+    for (std::size_t i = drafted; i-- > 0;) {
+      if (i > 0 && rho[i] == 0.0) {  // Z = 0, so h_i = 0: the row pair is not read
+        (void)uniform01<double>(g);
+        continue;
+      }
+      p = target_rows.row(i);
+      const detail::scaled_difference_source<T> source{
+          p.data(), q.row_at(i), vocab_size, static_cast<T>(rho[i]), static_cast<T>(q.scale(i))};
+      detail::mass_table table;
+      p_screen = {};
+      if (screen) {
+        detail::build_mass_table(source, table, screen_block);
+        checks.check_screen(p_screen, p, "target", i);
+      } else {
+        detail::build_mass_table(source, table);
+      }
+      if (i > 0 && !(uniform01<double>(g) < detail::block_weight(table.total, rho[i]))) continue;
+      n = i;
+      const double u = uniform01<double>(g);
+      const std::size_t index =
+          table.drawable() ? detail::draw_from_table(source, table, u) : detail::no_index;
+      out.fallback = index == detail::no_index;
+      out.token = out.fallback ? detail::draw_from_target(p, u) : static_cast<token_id>(index);
+      out.source = token_source::correction;
+      break;
+    }
+    if (drafted == 0) {  // no drafts: the bonus token from p_1
+      load_through(0);
+      p = target_rows.row(0);
+      const double u = uniform01<double>(g);
+      out.token =
+          screen ? detail::draw_from_target(p, u, screen_block) : detail::draw_from_target(p, u);
+      if (screen) checks.check_screen(p_screen, p, "target", 0);
+      out.source = token_source::bonus;
+      n = 0;
+    }
+  }
+  out.accepted = n;
+  // Accepted rows: beta (fused with their screen), else the screen alone; then beta_{n+1}.
+  double beta_sum = 0.0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::span<const T> row(target_rows.row(i));
+    detail::row_screen<T> row_screen;
+    if (rules.collect_beta) {
+      const auto factor = static_cast<T>(q.scale(i));
+      beta_sum += screen ? detail::overlap_mass<true>(row.data(), q.row_at(i), factor, vocab_size,
+                                                      row_screen)
+                         : detail::overlap_mass<false>(row.data(), q.row_at(i), factor, vocab_size,
+                                                       row_screen);
+      if (screen) checks.check_screen(row_screen, row, "target", i);
+    } else if (screen && !detail::plausible_probability_row(row.data(), vocab_size,
+                                                            default_sum_tolerance<T>)) {
+      checks.reject_probability_row(row, "target", i);
+    }
+  }
+  if (rules.collect_beta) {
+    if (n < drafted) {
+      detail::row_screen<T> unused;
+      beta_sum += detail::overlap_mass<false>(target_rows.row(n).data(), q.row_at(n),
+                                              static_cast<T>(q.scale(n)), vocab_size, unused);
+    }
+    out.beta_positions = std::min(n + 1, drafted);
+    out.beta_sum = beta_sum;
+  }
+  return out;
+}
+
+/// Block verification over rows truncated by top-k, kept as their survivors: rho from two
+/// survivors' weights per position, Z and the residual over p's survivors
+/// (sparse_scaled_residual into `residual`, top_k weights).
+template <class T, class P, class Q, class G>
+StepVerdict verify_survivors_block(std::span<const token_id> drafts, P&& p, Q&& q,
+                                   const VerifyRules& rules, G& g, T* residual) {
+  const std::size_t drafted = drafts.size();
+  detail::prefix_ratios rho(drafted);
+  rho[0] = 1.0;
+  for (std::size_t i = 1; i <= drafted; ++i) {
+    if (rho[i - 1] == 0.0) {  // stays 0: later rows are not loaded
+      rho[i] = 0.0;
+      continue;
+    }
+    const auto x = static_cast<std::size_t>(drafts[i - 1]);
+    rho[i] = detail::next_prefix_ratio(rho[i - 1], static_cast<double>(p(i - 1).at(x)),
+                                       static_cast<double>(q(i - 1).at(x)));
+  }
+  StepVerdict out;
+  std::size_t n = drafted;
+  if (drafted == 0 || uniform01<double>(g) < rho[drafted]) {
+    out.token = static_cast<token_id>(detail::sparse_draw(p(drafted), uniform01<double>(g), 0));
+    out.source = token_source::bonus;
+  } else {
+    for (std::size_t i = drafted; i-- > 0;) {
+      if (i > 0 && rho[i] == 0.0) {  // Z = 0, so h_i = 0: the rows are not loaded
+        (void)uniform01<double>(g);
+        continue;
+      }
+      const auto p_row = p(i);
+      const double z =
+          detail::sparse_scaled_residual(p_row, q(i), static_cast<T>(rho[i]), residual);
+      if (i > 0 && !(uniform01<double>(g) < detail::block_weight(z, rho[i]))) continue;
+      n = i;
+      const double u = uniform01<double>(g);
+      const detail::indexed_mass_draw draw =
+          detail::sparse_draw_index(p_row.count, u, [&](std::size_t k) { return residual[k]; });
+      out.fallback = draw.index == detail::no_index;
+      out.token = static_cast<token_id>(out.fallback ? detail::sparse_draw(p_row, u, 0)
+                                                     : p_row.ids[draw.index]);
+      out.source = token_source::correction;
+      break;
+    }
+  }
+  out.accepted = n;
+  if (rules.collect_beta) {
+    double beta_sum = 0.0;
+    for (std::size_t i = 0; i < std::min(n + 1, drafted); ++i) {
+      beta_sum += detail::sparse_overlap(p(i), q(i));
+    }
     out.beta_positions = std::min(n + 1, drafted);
     out.beta_sum = beta_sum;
   }

@@ -120,6 +120,20 @@ template <class T>
   return {sparse_draw(p, u, 0), true, draw.mass};
 }
 
+/// Block verification's residual over sparse rows: the weights max(0, s p - q) of p's
+/// survivors (s = rho_n; q's weight at the same id, 0 if it did not survive) written to
+/// `scratch` (p.count entries); returns their mass Z, summed in id order in double.
+template <class T>
+[[nodiscard]] inline double sparse_scaled_residual(sparse_row<T> p, sparse_row<T> q, T s,
+                                                   T* scratch) noexcept {
+  double total = 0.0;
+  merge_weights(p, q, [&](std::size_t k, T q_weight) {
+    scratch[k] = clamp_nonnegative(s * p.weights[k] - q_weight);
+    total += static_cast<double>(scratch[k]);
+  });
+  return total;
+}
+
 /// The residual of a one-hot draft e_x over a sparse p: p without x (weight
 /// max(0, p(x) - l) in general); fallback chain as sample_residual_one_hot: p without x,
 /// then p.
