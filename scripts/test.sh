@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs missing dependencies (Debian), then builds and runs every specdec test:
-#   GCC (Release) and Clang (assertions on) builds with all tests, examples and benchmarks,
+#   a GCC (Release; tests at -O2) build with all tests, examples, benchmarks and the
+#   header-alone checks, a Clang (assertions on) build with all tests and examples,
 #   an ASan+UBSan build with all tests (the first two build the examples; sanitizer and
 #   Clang builds keep line tables only, all their reports need), the CMake consumer
 #   projects (find_package after install, and add_subdirectory), every benchmark binary
