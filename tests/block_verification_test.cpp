@@ -35,6 +35,7 @@
 #include "speculative_decoder_models.hpp"
 #include "support/scripted_uniforms.hpp"
 #include "support/sequence_law.hpp"
+#include "support/token_law.hpp"
 
 namespace {
 
@@ -244,7 +245,9 @@ std::vector<std::vector<double>> probe_block(verifier which, const BlockRows<T>&
 }
 
 /// Probability of each emitted sequence x_1..x_n, t of one step, drafts x ~ q.
-using Law = std::map<std::vector<token_id>, double>;
+using Law = specdec::testing::TokenLaw;
+using specdec::testing::law_total_variation;
+using specdec::testing::max_difference;
 
 template <class T>
 Law step_law(const Pair& pair, verifier which, double* mean_accepted = nullptr,
@@ -309,30 +312,6 @@ Law extend(const Law& law, const PrefixModel& target, std::size_t length) {
     }
   }
   return extended;
-}
-
-double max_difference(const Law& a, const Law& b) {
-  double worst = 0.0;
-  for (const auto& [sequence, probability] : a) {
-    const auto other = b.find(sequence);
-    worst = std::max(worst, std::abs(probability - (other == b.end() ? 0.0 : other->second)));
-  }
-  for (const auto& [sequence, probability] : b) {
-    if (a.find(sequence) == a.end()) worst = std::max(worst, probability);
-  }
-  return worst;
-}
-
-double total_variation(const Law& a, const Law& b) {
-  double sum = 0.0;
-  for (const auto& [sequence, probability] : a) {
-    const auto other = b.find(sequence);
-    sum += std::abs(probability - (other == b.end() ? 0.0 : other->second));
-  }
-  for (const auto& [sequence, probability] : b) {
-    if (a.find(sequence) == a.end()) sum += probability;
-  }
-  return sum / 2.0;
 }
 
 Law target_law(const Pair& pair) {
@@ -527,7 +506,7 @@ TEST_CASE(
     std::size_t worst_pair = 0;
     double worst = 0.0;
     for (std::size_t k = 0; k < pairs.size(); ++k) {
-      const double tv = total_variation(
+      const double tv = law_total_variation(
           extend(step_law<double>(pairs[k], broken), pairs[k].target, pairs[k].gamma + 1),
           target_law(pairs[k]));
       if (tv > worst) {

@@ -29,6 +29,7 @@
 #include "support/guarded_memory.hpp"
 #include "support/scripted_uniforms.hpp"
 #include "support/statistics.hpp"
+#include "support/token_law.hpp"
 
 namespace {
 
@@ -638,7 +639,9 @@ std::vector<double> rejection_law(Variant variant, const std::vector<double>& p,
 }
 
 /// Probability of every emitted sequence (x_1..x_n, t) of one step.
-using Law = std::map<std::vector<token_id>, double>;
+using Law = specdec::testing::TokenLaw;
+using specdec::testing::law_total_variation;
+using specdec::testing::max_difference;
 
 /// What one step looks like.
 struct StepModel {
@@ -722,18 +725,6 @@ Law extend(const Law& law, const Chain& target, token_id context, std::size_t le
     grow(copy, probability);
   }
   return extended;
-}
-
-double max_difference(const Law& a, const Law& b) {
-  double worst = 0.0;
-  for (const auto& [sequence, probability] : a) {
-    const auto other = b.find(sequence);
-    worst = std::max(worst, std::abs(probability - (other == b.end() ? 0.0 : other->second)));
-  }
-  for (const auto& [sequence, probability] : b) {
-    if (a.find(sequence) == a.end()) worst = std::max(worst, probability);
-  }
-  return worst;
 }
 
 double total_probability(const Law& law) {
@@ -1071,17 +1062,6 @@ specdec::testing::ChiSquareResult joint_chi_square(StepRunner<T>& runner, token_
 }
 
 /// Total variation between two laws of sequences.
-double total_variation(const Law& a, const Law& b) {
-  double sum = 0.0;
-  for (const auto& [sequence, probability] : a) {
-    const auto other = b.find(sequence);
-    sum += std::abs(probability - (other == b.end() ? 0.0 : other->second));
-  }
-  for (const auto& [sequence, probability] : b) {
-    if (a.find(sequence) == a.end()) sum += probability;
-  }
-  return sum / 2;
-}
 
 /// Degrees of freedom of a law's chi-square (categories with positive probability - 1),
 /// for sizing samples with samples_to_detect.
@@ -1165,7 +1145,7 @@ TEST_CASE("Whole steps: broken variants fail the same chi-square",
   for (const Variant variant : {Variant::unclamped_residual, Variant::residual_is_p,
                                 Variant::residual_is_q, Variant::off_by_one}) {
     const StepModel broken{&target.exact, &draft.exact, &draft.exact, 1.0, variant};
-    const double distance = total_variation(step_law(broken, context, gamma), law);
+    const double distance = law_total_variation(step_law(broken, context, gamma), law);
     StepRunner<float> runner(&target, &draft, &draft, gamma, 1.0, variant);
     const auto result = joint_chi_square(runner, context, law, samples, g);
     INFO(name_of(variant) << ": TV " << distance << ", " << result.describe());
@@ -1174,7 +1154,7 @@ TEST_CASE("Whole steps: broken variants fail the same chi-square",
   }
   // Drafts drawn from another q than the one in the ratio (the real verify_speculative).
   const StepModel mismatched{&target.exact, &draft.exact, &wrong_sampler.exact};
-  const double distance = total_variation(step_law(mismatched, context, gamma), law);
+  const double distance = law_total_variation(step_law(mismatched, context, gamma), law);
   StepRunner<float> runner(&target, &draft, &wrong_sampler, gamma);
   const auto result = joint_chi_square(runner, context, law, samples, g);
   INFO("drafts from another q: TV " << distance << ", " << result.describe());
@@ -1187,7 +1167,7 @@ TEST_CASE("Whole steps: broken variants fail the same chi-square",
   }
   const TypedChain<float> blended(blend);
   const StepModel subtle{&target.exact, &draft.exact, &blended.exact};
-  const double small_distance = total_variation(step_law(subtle, context, gamma), law);
+  const double small_distance = law_total_variation(step_law(subtle, context, gamma), law);
   StepRunner<float> subtle_runner(&target, &draft, &blended, gamma);
   const auto subtle_result = joint_chi_square(subtle_runner, context, law, samples, g);
   INFO("drafts from 0.9 q + 0.1 uniform: TV " << small_distance << ", "
