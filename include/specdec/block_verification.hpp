@@ -54,6 +54,7 @@
 #include "specdec/random.hpp"
 #include "specdec/residual_distribution.hpp"
 #include "specdec/rows.hpp"
+#include "specdec/speculative_sampling.hpp"
 #include "specdec/validation.hpp"
 #include "specdec/verification_result.hpp"
 
@@ -227,15 +228,7 @@ template <ProbabilityScalar T, std::uniform_random_bit_generator G>
 VerificationResult verify_block_checked(std::span<const token_id> draft_tokens,
                                         RowsView<const T> draft_rows, RowsView<const T> target_rows,
                                         G& g, std::size_t step = RowLocation::npos) {
-  const std::size_t vocab_size = target_rows.cols();
-  if (draft_rows.cols() != vocab_size && draft_rows.rows() != 0) {
-    detail::throw_error(errc::vocab_mismatch, "draft rows have ", draft_rows.cols(),
-                        " entries but target rows have ", vocab_size);
-  }
-  const std::size_t gamma = draft_tokens.size();
-  validate_probability_rows(target_rows, gamma + 1, vocab_size, {"target", step});
-  validate_probability_rows(draft_rows, gamma, vocab_size, {"draft", step});
-  validate_tokens(draft_tokens, vocab_size, {"draft", step});
+  detail::validate_step_inputs(draft_tokens, draft_rows, target_rows, step);
   return verify_block(draft_tokens, draft_rows, target_rows, g);
 }
 
@@ -245,9 +238,7 @@ template <ProbabilityScalar T, std::uniform_random_bit_generator G>
 VerificationResult verify_block_proposals_checked(std::span<const token_id> draft_tokens,
                                                   RowsView<const T> target_rows, G& g,
                                                   std::size_t step = RowLocation::npos) {
-  const std::size_t vocab_size = target_rows.cols();
-  validate_probability_rows(target_rows, draft_tokens.size() + 1, vocab_size, {"target", step});
-  validate_tokens(draft_tokens, vocab_size, {"draft", step});
+  detail::validate_step_inputs(draft_tokens, target_rows, step);
   return verify_block_proposals(draft_tokens, target_rows, g);
 }
 

@@ -133,6 +133,31 @@ template <bool CheckedEntries = true, class T, class G>
 }
 
 /// The bonus token after accepting every draft: t ~ p_{gamma+1}.
+/// The checks of a checked verifier's inputs, in the catalogue's order: draft/target width,
+/// target rows (count, then each row), draft rows, draft tokens. `step` labels messages.
+template <class T>
+void validate_step_inputs(std::span<const token_id> draft_tokens, RowsView<const T> draft_rows,
+                          RowsView<const T> target_rows, std::size_t step) {
+  const std::size_t vocab_size = target_rows.cols();
+  if (draft_rows.cols() != vocab_size && draft_rows.rows() != 0) {
+    throw_error(errc::vocab_mismatch, "draft rows have ", draft_rows.cols(),
+                " entries but target rows have ", vocab_size);
+  }
+  const std::size_t gamma = draft_tokens.size();
+  validate_probability_rows(target_rows, gamma + 1, vocab_size, {"target", step});
+  validate_probability_rows(draft_rows, gamma, vocab_size, {"draft", step});
+  validate_tokens(draft_tokens, vocab_size, {"draft", step});
+}
+
+/// validate_step_inputs for proposals (no draft rows).
+template <class T>
+void validate_step_inputs(std::span<const token_id> draft_tokens, RowsView<const T> target_rows,
+                          std::size_t step) {
+  const std::size_t vocab_size = target_rows.cols();
+  validate_probability_rows(target_rows, draft_tokens.size() + 1, vocab_size, {"target", step});
+  validate_tokens(draft_tokens, vocab_size, {"draft", step});
+}
+
 template <class T, class G>
 VerificationResult bonus_step(std::size_t gamma, RowsView<const T> target_rows, G& g) {
   VerificationResult result;
@@ -228,15 +253,7 @@ VerificationResult verify_speculative_checked(std::span<const token_id> draft_to
                                               const SpeculativeSamplingOptions& options = {},
                                               std::size_t step = RowLocation::npos) {
   validate_lenience(options.lenience);
-  const std::size_t vocab_size = target_rows.cols();
-  if (draft_rows.cols() != vocab_size && draft_rows.rows() != 0) {
-    detail::throw_error(errc::vocab_mismatch, "draft rows have ", draft_rows.cols(),
-                        " entries but target rows have ", vocab_size);
-  }
-  const std::size_t gamma = draft_tokens.size();
-  validate_probability_rows(target_rows, gamma + 1, vocab_size, {"target", step});
-  validate_probability_rows(draft_rows, gamma, vocab_size, {"draft", step});
-  validate_tokens(draft_tokens, vocab_size, {"draft", step});
+  detail::validate_step_inputs(draft_tokens, draft_rows, target_rows, step);
   return verify_speculative(draft_tokens, draft_rows, target_rows, g, options);
 }
 
@@ -247,9 +264,7 @@ VerificationResult verify_speculative_proposals_checked(
     std::span<const token_id> draft_tokens, RowsView<const T> target_rows, G& g,
     const SpeculativeSamplingOptions& options = {}, std::size_t step = RowLocation::npos) {
   validate_lenience(options.lenience);
-  const std::size_t vocab_size = target_rows.cols();
-  validate_probability_rows(target_rows, draft_tokens.size() + 1, vocab_size, {"target", step});
-  validate_tokens(draft_tokens, vocab_size, {"draft", step});
+  detail::validate_step_inputs(draft_tokens, target_rows, step);
   return verify_speculative_proposals(draft_tokens, target_rows, g, options);
 }
 
