@@ -22,6 +22,7 @@
 #include "specdec/random.hpp"
 #include "specdec/rows.hpp"
 #include "specdec/speculative_decoder.hpp"
+#include "specdec/traversal_verification.hpp"
 #include "specdec/tree_verification.hpp"
 
 namespace {
@@ -239,6 +240,55 @@ TEST_CASE("T7 verify_tree_checked: a sampled child its q cannot produce",
             repeated, specdec::RowsView<const double>(three.data(), 3, 4), g, workspace, 1);
       },
       errc::invalid_token, "token 1 repeats sibling 1 under a without_replacement node");
+}
+
+TEST_CASE("T5-T7 verify_traversal_checked: the errors of verify_tree_checked",
+          "[errors][traversal_verification]") {
+  specdec::TraversalWorkspace<double> workspace;
+  specdec::xoshiro256pp g(5);
+  const Tree tree = two_children();
+  const std::vector<double> wide(3 * 5, 0.2);
+  check_error(
+      "T5",
+      [&] {
+        (void)specdec::verify_traversal_checked(
+            tree, specdec::RowsView<const double>(wide.data(), 3, 5), g, workspace, 6);
+      },
+      errc::vocab_mismatch, "target rows have 5 entries but the draft tree's vocabulary size is 4");
+  const std::vector<double> two = uniform_rows(2);
+  check_error(
+      "T5",
+      [&] {
+        (void)specdec::verify_traversal_checked(
+            tree, specdec::RowsView<const double>(two.data(), 2, 4), g, workspace, 6);
+      },
+      errc::invalid_size, "target rows (step 6): got 2 rows, expected 3");
+  std::vector<double> rows = uniform_rows(3);
+  rows[4 + 2] = std::numeric_limits<double>::quiet_NaN();
+  check_error(
+      "T6",
+      [&] {
+        (void)specdec::verify_traversal_checked(
+            tree, specdec::RowsView<const double>(rows.data(), 3, 4), g, workspace, 6);
+      },
+      errc::invalid_probability, "target row 1 (step 6): entry for token 2 is NaN");
+  const std::vector<double> q{0.5, 0.5, 0.0, 0.0};
+  Tree zero_q(4);
+  zero_q.expand(Tree::root, specdec::expansion::with_replacement, q);
+  zero_q.add_child(Tree::root, 3);  // q(3) = 0
+  const std::vector<double> valid = uniform_rows(2);
+  check_error(
+      "T7",
+      [&] {
+        (void)specdec::verify_traversal_checked(
+            zero_q, specdec::RowsView<const double>(valid.data(), 2, 4), g, workspace, 1);
+      },
+      errc::invalid_token, "draft node 1 (step 1): token 3 has q = 0 at its parent 0");
+  // Valid inputs verify (the checks pass a good tree through).
+  const std::vector<double> good = uniform_rows(3);
+  const auto result = specdec::verify_traversal_checked(
+      tree, specdec::RowsView<const double>(good.data(), 3, 4), g, workspace, 1);
+  CHECK(result.accepted <= 1);
 }
 
 namespace {
