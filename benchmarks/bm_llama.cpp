@@ -32,6 +32,10 @@
 //                                        (as decoding meets it: the target's weight stream
 //                                        has evicted the draft's weights), and `predicted`
 //                                        charged with it
+// BM_Rule/<model|tree>/<T1|T0.7>: the default path-level verification (block verification
+//   for the model drafter's chains, traversal verification for the tree drafter) against the
+//   token-level rule (Algorithm 1, recursive rejection) on the same seeds, alternating; the
+//   counters are described at BM_Rule.
 // Run it with --benchmark_min_time=<seconds> for more iterations; scripts/test.sh smoke-runs
 // it with one.
 #include <benchmark/benchmark.h>
@@ -236,6 +240,64 @@ void BM_Generate(benchmark::State& state, llama::drafter_kind kind, double tempe
                  (temperature == 0.0 ? ", T = 0" : ", T = 1"));
 }
 
+// ---- verification rules: token level vs path level ---------------------------------------
+
+// One run with the token-level rule (Algorithm 1 / recursive rejection) and one with the
+// default path-level rule (block verification / traversal verification) per iteration, same
+// seed, order alternating. The time is the path-level run's. Counters:
+//   tokens_per_call, token_tokens_per_call   emitted tokens per target pass (path, token)
+//   accepted_per_step, token_accepted_per_step
+//   calls_ratio    token-rule target passes / path-rule target passes (above 1: fewer passes)
+//   wall_ratio     median token-rule time / median path-rule time (above 1: faster)
+void BM_Rule(benchmark::State& state, llama::drafter_kind kind, double temperature) {
+  Pair& p = pair();
+  llama::RunOptions options;
+  options.sampling.temperature = temperature;
+  options.max_new_tokens = p.new_tokens;
+  options.gamma = gamma;
+  std::vector<double> token_seconds, path_seconds;
+  specdec::DecoderStatistics token_total, path_total;
+  std::size_t token_calls = 0;
+  std::size_t path_calls = 0;
+  std::uint64_t seed = 1;
+  const auto add = [](specdec::DecoderStatistics& total, const llama::RunResult& run) {
+    total.steps += run.statistics.steps;
+    total.accepted_tokens += run.statistics.accepted_tokens;
+    total.emitted_tokens += run.statistics.emitted_tokens;
+  };
+  for (auto _ : state) {
+    options.seed = seed++;
+    const bool token_first = seed % 2 == 0;
+    llama::RunResult token_run, path_run;
+    options.verification = specdec::verification_rule::token;
+    if (token_first) token_run = llama::generate_speculative(p.target, &p.draft, kind, p.prompt, options);
+    options.verification = specdec::verification_rule::automatic;
+    path_run = llama::generate_speculative(p.target, &p.draft, kind, p.prompt, options);
+    options.verification = specdec::verification_rule::token;
+    if (!token_first) token_run = llama::generate_speculative(p.target, &p.draft, kind, p.prompt, options);
+    state.SetIterationTime(path_run.seconds);
+    token_seconds.push_back(token_run.seconds);
+    path_seconds.push_back(path_run.seconds);
+    add(token_total, token_run);
+    add(path_total, path_run);
+    token_calls += token_run.target.forward_passes;
+    path_calls += path_run.target.forward_passes;
+  }
+  const auto per = [](std::size_t a, std::size_t b) {
+    return b == 0 ? 0.0 : static_cast<double>(a) / static_cast<double>(b);
+  };
+  state.counters["tokens_per_call"] = per(path_total.emitted_tokens, path_calls);
+  state.counters["token_tokens_per_call"] = per(token_total.emitted_tokens, token_calls);
+  state.counters["accepted_per_step"] = per(path_total.accepted_tokens, path_total.steps);
+  state.counters["token_accepted_per_step"] = per(token_total.accepted_tokens, token_total.steps);
+  state.counters["calls_ratio"] = per(token_calls, path_calls);
+  state.counters["wall_ratio"] = median(token_seconds) / median(path_seconds);
+  state.SetLabel(std::string(llama::to_string(kind)) +
+                 (kind == llama::drafter_kind::tree ? ": traversal vs recursive"
+                                                    : ": block vs Algorithm 1") +
+                 ", T = " + (temperature == 1.0 ? "1" : "0.7"));
+}
+
 void register_benchmarks() {
   const std::size_t threads =
       env_threads() != 0 ? env_threads() : std::max(1U, std::thread::hardware_concurrency());
@@ -257,6 +319,15 @@ void register_benchmarks() {
       const std::string name = "BM_Generate/" + std::string(llama::to_string(kind)) +
                                (temperature == 0.0 ? "/T0" : "/T1");
       benchmark::RegisterBenchmark(name.c_str(), BM_Generate, kind, temperature)
+          ->UseManualTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+  for (const double temperature : {1.0, 0.7}) {
+    for (const llama::drafter_kind kind : {llama::drafter_kind::model, llama::drafter_kind::tree}) {
+      const std::string name = "BM_Rule/" + std::string(llama::to_string(kind)) +
+                               (temperature == 1.0 ? "/T1" : "/T0.7");
+      benchmark::RegisterBenchmark(name.c_str(), BM_Rule, kind, temperature)
           ->UseManualTime()
           ->Unit(benchmark::kMillisecond);
     }

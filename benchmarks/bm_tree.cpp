@@ -9,7 +9,9 @@
 // reversed Zipf row, the mixing weight found by bisection to hit alpha.
 //
 // Each benchmark iteration is one tree_step (draft the tree, score it in one score_tree call,
-// verify). Counters (averages over the iterations run):
+// verify by recursive rejection, names ending in /recursive, or by traversal verification,
+// /traversal; a chain under traversal is block verification). Counters (averages over the
+// iterations run):
 //   tokens_per_call  emitted tokens per target call (accepted depth + 1)
 //   nodes            draft nodes scored per call (with replacement: fewer than the shape,
 //                    repeats are not scored)
@@ -34,6 +36,7 @@
 #include "specdec/residual_distribution.hpp"
 #include "specdec/rows.hpp"
 #include "specdec/speculative_sampling.hpp"
+#include "specdec/traversal_verification.hpp"
 #include "specdec/tree_verification.hpp"
 
 namespace {
@@ -170,12 +173,14 @@ constexpr Mode modes[] = {{"with", expansion::with_replacement},
                           {"without", expansion::without_replacement},
                           {"topk", expansion::one_hot}};
 
-void tree_tokens_per_call(benchmark::State& state, int alpha_percent, TreeShape shape, Mode mode) {
+void tree_tokens_per_call(benchmark::State& state, int alpha_percent, TreeShape shape, Mode mode,
+                          specdec::verification_rule rule) {
   const MarkovPair& pair = markov_pair(alpha_percent);
   TableModel target{&pair.target, {}};
   TableModel draft{&pair.draft, {}};
   specdec::TreeOptions options;
   options.shape = shape;
+  options.verification = rule;  // token: recursive rejection; block: traversal
   options.sampling =
       mode.sampling == expansion::one_hot ? expansion::without_replacement : mode.sampling;
   options.validate = false;
@@ -217,10 +222,15 @@ void tree_tokens_per_call(benchmark::State& state, int alpha_percent, TreeShape 
           if (shape.shape.is_chain() && mode.sampling != expansion::without_replacement) {
             continue;  // a chain is the same for every mode
           }
-          const std::string name = "tree/alpha" + std::to_string(alpha) + "/" + shape.name + "/" +
-                                   (shape.shape.is_chain() ? "chain" : mode.name);
-          benchmark::RegisterBenchmark(name.c_str(), tree_tokens_per_call, alpha, shape.shape,
-                                       mode);
+          for (const auto rule : {specdec::verification_rule::token,
+                                  specdec::verification_rule::block}) {
+            const std::string name =
+                "tree/alpha" + std::to_string(alpha) + "/" + shape.name + "/" +
+                (shape.shape.is_chain() ? "chain" : mode.name) + "/" +
+                (rule == specdec::verification_rule::token ? "recursive" : "traversal");
+            benchmark::RegisterBenchmark(name.c_str(), tree_tokens_per_call, alpha, shape.shape,
+                                         mode, rule);
+          }
         }
       }
     }
@@ -299,7 +309,7 @@ const LargeRows& large_rows() {
   return rows;
 }
 
-void verify_tree_cost(benchmark::State& state, TreeShape shape) {
+void verify_tree_cost(benchmark::State& state, TreeShape shape, bool traversal) {
   const LargeRows& rows = large_rows();
   static std::map<std::size_t, specdec::DraftTree<float>> trees;
   auto [entry, inserted] = trees.try_emplace(shape.size(), large_vocab);
@@ -307,10 +317,12 @@ void verify_tree_cost(benchmark::State& state, TreeShape shape) {
   const specdec::DraftTree<float>& tree = entry->second;
   const specdec::RowsView<const float> target(rows.target.data(), tree.size(), large_vocab);
   specdec::TreeVerificationWorkspace<float> workspace;
+  specdec::TraversalWorkspace<float> traversal_workspace;
   specdec::xoshiro256pp g(3);
   std::size_t emitted = 0;
   for (auto _ : state) {
-    const auto result = specdec::verify_tree(tree, target, g, workspace);
+    const auto result = traversal ? specdec::verify_traversal(tree, target, g, traversal_workspace)
+                                  : specdec::verify_tree(tree, target, g, workspace);
     benchmark::DoNotOptimize(result.token);
     emitted += result.accepted + 1;
   }
@@ -346,13 +358,17 @@ void verify_chain_core_cost(benchmark::State& state) {
 
 [[maybe_unused]] const bool registered_cost = [] {
   benchmark::RegisterBenchmark("verify/V32000/chain16/verify_speculative", verify_chain_core_cost);
-  benchmark::RegisterBenchmark("verify/V32000/chain16/verify_tree", verify_tree_cost,
-                               TreeShape::chain(16));
-  benchmark::RegisterBenchmark("verify/V32000/b4x1x1x1/verify_tree", verify_tree_cost,
-                               TreeShape::branching({4, 1, 1, 1}));
-  benchmark::RegisterBenchmark(
-      "verify/V32000/b2x2x1x1+2/verify_tree", verify_tree_cost,
-      TreeShape::from_parents({TreeShape::npos, 0, 0, 1, 1, 2, 2, 3, 4, 5, 6, 7, 8, 9, 10, 3, 4}));
+  const TreeShape b2x2 =
+      TreeShape::from_parents({TreeShape::npos, 0, 0, 1, 1, 2, 2, 3, 4, 5, 6, 7, 8, 9, 10, 3, 4});
+  for (const bool traversal : {false, true}) {
+    const std::string rule = traversal ? "verify_traversal" : "verify_tree";
+    benchmark::RegisterBenchmark(("verify/V32000/chain16/" + rule).c_str(), verify_tree_cost,
+                                 TreeShape::chain(16), traversal);
+    benchmark::RegisterBenchmark(("verify/V32000/b4x1x1x1/" + rule).c_str(), verify_tree_cost,
+                                 TreeShape::branching({4, 1, 1, 1}), traversal);
+    benchmark::RegisterBenchmark(("verify/V32000/b2x2x1x1+2/" + rule).c_str(), verify_tree_cost,
+                                 b2x2, traversal);
+  }
   return true;
 }();
 

@@ -1,8 +1,8 @@
-// Cost of one verification step (Algorithm 1 and greedy) and of the residual draw, for float
-// rows with V in {32k, 128k, 256k} and gamma in {1, 4, 8}, the rows either in cache or
-// evicted to DRAM before each timed call, against two references timed interleaved with
-// the step in the same loop (baseline.hpp), on the same statistic, the median of thread
-// CPU time:
+// Cost of one verification step (Algorithm 1, block verification and greedy) and of the
+// residual draw, for float rows with V in {32k, 128k, 256k} and gamma in {1, 4, 8}, the
+// rows either in cache or evicted to DRAM before each timed call, against two references
+// timed interleaved with the step in the same loop (baseline.hpp), on the same statistic,
+// the median of thread CPU time:
 //   the pure read   an integer OR over exactly the rows the step must touch (the physical
 //                   limit of any exact implementation);
 //   the peer        Algorithm 1 as vLLM, Hugging Face and FlashInfer structure it, written
@@ -18,7 +18,8 @@
 //
 // The time reported is the step's (median per call). Counters:
 //   vs_read      step / pure read of the rows it must touch
-//   vs_peer      peer / step (above 1: specdec is faster)
+//   vs_peer      peer / step (above 1: specdec is faster); for BM_BlockStep the "peer" is
+//                Algorithm 1 (verify_speculative) on the same inputs
 //   read_GBps    bandwidth of the pure read
 #include <algorithm>
 #include <array>
@@ -36,6 +37,7 @@
 
 #include "baseline.hpp"
 #include "peer.hpp"
+#include "specdec/block_verification.hpp"
 #include "specdec/greedy_verification.hpp"
 #include "specdec/random.hpp"
 #include "specdec/residual_distribution.hpp"
@@ -182,6 +184,37 @@ void BM_StochasticStep(benchmark::State& state) {
   state.counters["accepted"] = static_cast<double>(accepted) / static_cast<double>(calls);
 }
 
+// Block verification (block_verification.hpp) on the same rejecting drafts: rho stays 1
+// up to position gamma - 1 and drops to 0 at x_gamma (p = 0), so the scan reads no row at
+// gamma, accepts n = gamma - 1 with h = 1, and builds the one mass table of p_gamma and
+// q_gamma that gives Z and the residual's draw: the same two rows Algorithm 1 reads. The
+// peer slot runs Algorithm 1 (verify_speculative) on the same inputs, so vs_peer is
+// token rule / block rule.
+void BM_BlockStep(benchmark::State& state) {
+  const auto& f = fixture(static_cast<std::size_t>(state.range(0)));
+  const auto gamma = static_cast<std::size_t>(state.range(1));
+  const auto drafts = f.rejecting_drafts(gamma);
+  const auto draft_rows = f.draft_rows(gamma);
+  const auto target_rows = f.target_rows(gamma);
+  specdec::xoshiro256pp g(6);
+  specdec::xoshiro256pp token_g(6);
+  std::size_t accepted = 0;
+  std::size_t calls = 0;
+  interleaved(
+      state, f, {target_row(f, gamma - 1), draft_row(f, gamma - 1)},
+      [&] {
+        const auto result = specdec::verify_block(drafts, draft_rows, target_rows, g);
+        accepted += result.accepted;
+        ++calls;
+        benchmark::DoNotOptimize(result);
+      },
+      [&] {
+        benchmark::DoNotOptimize(
+            specdec::verify_speculative(drafts, draft_rows, target_rows, token_g));
+      });
+  state.counters["accepted"] = static_cast<double>(accepted) / static_cast<double>(calls);
+}
+
 void BM_StochasticAcceptAll(benchmark::State& state) {
   const auto& f = fixture(static_cast<std::size_t>(state.range(0)));
   const auto gamma = static_cast<std::size_t>(state.range(1));
@@ -249,6 +282,8 @@ void arguments(benchmark::internal::Benchmark* benchmark) {
 
 BENCHMARK(BM_StochasticStep)->Apply(arguments<0>);
 BENCHMARK(BM_StochasticStep)->Apply(arguments<1>);
+BENCHMARK(BM_BlockStep)->Apply(arguments<0>);
+BENCHMARK(BM_BlockStep)->Apply(arguments<1>);
 BENCHMARK(BM_StochasticAcceptAll)->Apply(arguments<0>);
 BENCHMARK(BM_StochasticAcceptAll)->Apply(arguments<1>);
 BENCHMARK(BM_ResidualDraw)->Apply(arguments<0>);

@@ -149,15 +149,24 @@ TEST_CASE("SpeculativeDecoder tree: the first tokens have the target's exact law
     TreeShape shape;
     expansion kind;
     bool merge;
+    specdec::verification_rule rule;
   };
+  // automatic: traversal verification; token: recursive rejection.
   const Case cases[] = {
       {"branching {3,2,1} without replacement", TreeShape::branching({3, 2, 1}),
-       expansion::without_replacement, true},
+       expansion::without_replacement, true, specdec::verification_rule::automatic},
       {"branching {3,2,1} with replacement, merged", TreeShape::branching({3, 2, 1}),
-       expansion::with_replacement, true},
+       expansion::with_replacement, true, specdec::verification_rule::automatic},
       {"branching {2,2} with replacement, duplicates", TreeShape::branching({2, 2}),
-       expansion::with_replacement, false},
-      {"chain(3) (Algorithm 1)", TreeShape::chain(3), expansion::without_replacement, true},
+       expansion::with_replacement, false, specdec::verification_rule::automatic},
+      {"chain(3) (block verification)", TreeShape::chain(3), expansion::without_replacement, true,
+       specdec::verification_rule::automatic},
+      {"branching {3,2,1} without replacement, recursive rejection",
+       TreeShape::branching({3, 2, 1}), expansion::without_replacement, true,
+       specdec::verification_rule::token},
+      {"branching {3,2,1} with replacement, merged, recursive rejection",
+       TreeShape::branching({3, 2, 1}), expansion::with_replacement, true,
+       specdec::verification_rule::token},
   };
   for (const Case& c : cases) {
     INFO(c.name);
@@ -166,6 +175,7 @@ TEST_CASE("SpeculativeDecoder tree: the first tokens have the target's exact law
     options.tree_shape = c.shape;
     options.tree_sampling = c.kind;
     options.tree_merge_repeats = c.merge;
+    options.verification = c.rule;
     SpeculativeDecoder decoder(target, draft, options);
     specdec::xoshiro256pp g(55);
     std::vector<std::uint64_t> counts(expected.size(), 0);
@@ -208,6 +218,36 @@ TEST_CASE("SpeculativeDecoder tree: the first tokens have the target's exact law
     INFO(test.describe());
     CHECK_FALSE(test.passed());
   }
+}
+
+TEST_CASE(
+    "SpeculativeDecoder tree: sampled trees verify by traversal by default (as "
+    "verification = block), token selects recursive rejection, as tree_step does",
+    "[speculative_decoder][tree][traversal]") {
+  auto target = MarkovModel<double>::random(6, 2, 717, 1.0);
+  auto draft = MarkovModel<double>::random(6, 1, 818, 1.0).order1_blend(target, 0.5);
+  const std::vector<token_id> prompt{0};
+  const auto run = [&](specdec::verification_rule rule) {
+    DecoderOptions options;
+    options.tree_shape = TreeShape::branching({3, 2, 1});
+    options.verification = rule;
+    SpeculativeDecoder decoder(target, draft, options);
+    return decoder.generate(prompt, 300, std::uint64_t{21}).tokens;
+  };
+  const auto automatic = run(specdec::verification_rule::automatic);
+  CHECK(automatic == run(specdec::verification_rule::block));
+  CHECK(automatic != run(specdec::verification_rule::token));
+  // The same step through tree_step with TreeOptions::verification: the same tokens.
+  const auto loop = [&](specdec::verification_rule rule) {
+    specdec::TreeGenerationOptions options;
+    options.max_new_tokens = 300;
+    options.tree.shape = TreeShape::branching({3, 2, 1});
+    options.tree.verification = rule;
+    specdec::xoshiro256pp g(21);
+    return specdec::generate_with_tree<double>(target, draft, prompt, options, g).tokens;
+  };
+  CHECK(loop(specdec::verification_rule::automatic) == loop(specdec::verification_rule::block));
+  CHECK(loop(specdec::verification_rule::automatic) != loop(specdec::verification_rule::token));
 }
 
 TEST_CASE("SpeculativeDecoder tree: stop tokens, stop sequences and max_new_tokens are exact",

@@ -392,21 +392,36 @@ int run_llama_demo(const LlamaDemoOptions& options) {
                      "accepted / drafted",
                      "alpha",
                      "= plain greedy"};
-  const std::vector<std::pair<llama::drafter_kind, std::string>> kinds = {
+  // The default verification (block for chains, traversal for trees at T > 0), and the
+  // token-level rules beside it for the model and tree drafters at T > 0.
+  struct DrafterRow {
+    llama::drafter_kind kind;
+    std::string label;
+    specdec::verification_rule rule = specdec::verification_rule::automatic;
+  };
+  const std::vector<DrafterRow> kinds = {
       {llama::drafter_kind::model, format("draft model, gamma %zu", options.gamma)},
+      {llama::drafter_kind::model,
+       format("draft model, gamma %zu, token rule (Algorithm 1)", options.gamma),
+       specdec::verification_rule::token},
       {llama::drafter_kind::ngram, format("n-gram (NgramDrafter), gamma %zu", options.gamma)},
       {llama::drafter_kind::prompt_lookup,
        format("prompt lookup (PromptLookupDrafter), gamma %zu", options.gamma)},
       {llama::drafter_kind::tree, "token tree, 7 nodes, depth 4 (draft model)"},
+      {llama::drafter_kind::tree, "token tree, 7 nodes, recursive rejection",
+       specdec::verification_rule::token},
       {llama::drafter_kind::controller, "draft model, optimal-gamma controller (c measured)"},
   };
-  for (const auto& [kind, label] : kinds) {
+  for (const auto& [kind, label, rule] : kinds) {
     for (const ModeTiming& mode : modes) {
+      // Greedy decoding verifies by exact match under every rule.
+      if (rule == specdec::verification_rule::token && mode.sampling.greedy()) continue;
       llama::RunOptions run;
       run.sampling = mode.sampling;
       run.max_new_tokens = options.tokens;
       run.gamma = options.gamma;
       run.seed = options.seed;
+      run.verification = rule;
       const Timing timing = time_runs(target, &draft, kind, prompt, run, 3, false);
       const double seconds = median(timing.speculative);
       const auto& s = timing.statistics;
@@ -435,6 +450,13 @@ int run_llama_demo(const LlamaDemoOptions& options) {
   drafter_lines.emplace_back(
       "  target pass; the controller picks gamma each step from the measured alpha and c (Thm "
       "3.8).");
+  drafter_lines.emplace_back(
+      "  At T > 0 model drafts are verified on whole paths by default (block verification for "
+      "chains,");
+  drafter_lines.emplace_back(
+      "  traversal verification for trees); the token-rule rows show what Algorithm 1 and "
+      "recursive");
+  drafter_lines.emplace_back("  rejection give on the same seeds.");
   report.block(drafter_lines);
 
   if (!options.html.empty()) {

@@ -82,7 +82,7 @@ struct RunOptions {
   specdec::TreeShape tree_shape = default_tree_shape();
   std::vector<specdec::token_id> stop_tokens{};
   std::function<void(const specdec::EmittedToken&)> on_token{};
-  /// How chain steps verify model drafts (DecoderOptions::verification).
+  /// How steps verify model drafts (DecoderOptions::verification: chains and trees).
   specdec::verification_rule verification = specdec::verification_rule::automatic;
 };
 

@@ -58,8 +58,9 @@ prompt and sampling:
   --top-k K            keep the K likeliest tokens (0: all)
   --top-p P            keep the smallest set with mass >= P (1: all)
   --seed S             random seed (default 0)
-  --verification RULE  automatic (default: block verification for model drafts at T > 0),
-                       token (Algorithm 1) or block
+  --verification RULE  automatic (default: block verification for model drafts at T > 0,
+                       traversal verification for --drafter tree), token (Algorithm 1,
+                       recursive rejection for trees) or block
   --ignore-eos         do not stop at the end-of-sequence token
 
 output:

@@ -54,7 +54,8 @@
 // rows (top-k for greedy), or a proposal tree of the drafter's continuations within the shape's
 // limits (ProposalTreeLimits::from_shape: one continuation per root-to-leaf path, its
 // depth, its node count) is built, scored by the target (one score_tree call for a
-// TreeScoringModel) and verified exactly; the emitted path and t then go through step 5
+// TreeScoringModel) and verified exactly (traversal verification for sampled trees under the
+// default DecoderOptions::verification); the emitted path and t then go through step 5
 // unchanged. The gamma policy is not consulted. TreeShape::chain(gamma) gives the same
 // output law as the chain path with FixedGamma{gamma}.
 #pragma once
@@ -171,14 +172,16 @@ struct DecoderOptions {
   expansion tree_sampling = expansion::without_replacement;
   /// With replacement: repeated draws become repeat counts (true) or duplicate nodes.
   bool tree_merge_repeats = true;
-  /// How chain steps verify a LanguageModel draft's tokens at T > 0. automatic (the
-  /// default): block verification (block_verification.hpp: the drafted block decided as a
-  /// whole; exact, never fewer accepted drafts in expectation) at lenience 1, Algorithm 1
-  /// with lenience < 1 (block verification is defined for exact sampling only). token:
-  /// Algorithm 1 always (to reproduce Algorithm 1 runs). block: block verification, an
-  /// invalid_option error with lenience < 1 or a tree_shape. Proposal drafters and greedy
-  /// decoding verify as before under every setting (block verification accepts the same
-  /// number of drafts in expectation there), and tree steps by recursive rejection.
+  /// How steps verify a LanguageModel draft's tokens at T > 0. automatic (the default):
+  /// the path-level rules at lenience 1, exact and never fewer accepted drafts in
+  /// expectation: block verification for chains (block_verification.hpp: the drafted block
+  /// decided as a whole), traversal verification for tree steps (traversal_verification.hpp:
+  /// whole paths from the leaves up); Algorithm 1 with lenience < 1 (the path-level rules
+  /// are defined for exact sampling only). token: Algorithm 1 for chains and recursive
+  /// rejection for trees (to reproduce token-level runs). block: the path-level rules, also
+  /// for proposal trees; an invalid_option error with lenience < 1. Proposal drafters and
+  /// greedy decoding verify token by token under automatic (with one-hot drafts the
+  /// path-level rule accepts the same number of drafts in expectation on a chain).
   verification_rule verification = verification_rule::automatic;
 };
 
@@ -336,13 +339,6 @@ inline void check_decoder_options(const DecoderOptions& options, std::size_t voc
                         "verification is defined for exact sampling), not ",
                         options.lenience);
   }
-  if (options.verification == verification_rule::block && options.tree_shape.draft_size() > 0) {
-    detail::throw_error(errc::invalid_option,
-                        "decoder option verification = block applies to "
-                        "chain steps; tree steps (tree_shape with ",
-                        options.tree_shape.draft_size(),
-                        " draft nodes) verify by recursive rejection");
-  }
   if (options.gamma_policy.next_gamma() == 0) {
     detail::throw_error(errc::invalid_option,
                         "decoder option gamma_policy: next_gamma() is 0, must be >= 1");
@@ -425,7 +421,7 @@ class SpeculativeDecoder {
       workspace_gamma_ = depth;
       tree_stage_ = TreeStage<value_type>(
           TreeOptions{options_.tree_shape, options_.tree_sampling, options_.tree_merge_repeats,
-                      options_.sampling.greedy(), options_.validate_rows});
+                      options_.sampling.greedy(), options_.validate_rows, options_.verification});
     } else {
       grow_workspace(options_.gamma_policy.next_gamma());
     }

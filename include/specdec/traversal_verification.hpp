@@ -64,11 +64,12 @@
 
 #include "specdec/concepts.hpp"
 #include "specdec/config.hpp"
+#include "specdec/detail/tree_node_residual.hpp"
+#include "specdec/detail/tree_validation.hpp"
 #include "specdec/draft_tree.hpp"
 #include "specdec/random.hpp"
 #include "specdec/residual_distribution.hpp"
 #include "specdec/rows.hpp"
-#include "specdec/tree_verification.hpp"
 #include "specdec/validation.hpp"
 #include "specdec/verification_result.hpp"
 

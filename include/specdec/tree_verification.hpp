@@ -42,12 +42,14 @@
 #include "specdec/concepts.hpp"
 #include "specdec/config.hpp"
 #include "specdec/detail/tree_node_residual.hpp"
+#include "specdec/detail/tree_validation.hpp"
 #include "specdec/draft_tree.hpp"
 #include "specdec/error.hpp"
 #include "specdec/greedy_verification.hpp"
 #include "specdec/random.hpp"
 #include "specdec/residual_distribution.hpp"
 #include "specdec/rows.hpp"
+#include "specdec/traversal_verification.hpp"
 #include "specdec/validation.hpp"
 #include "specdec/verification_result.hpp"
 
@@ -56,20 +58,6 @@ namespace specdec {
 // ---------------------------------------------------------------------------------------
 // Verification
 // ---------------------------------------------------------------------------------------
-
-/// Result of verifying a draft tree: the step emits the path of `node` (its `accepted`
-/// tokens, root excluded) followed by `token`.
-struct TreeVerificationResult {
-  std::size_t accepted = 0;  ///< n: accepted draft tokens, the depth of `node`
-  std::size_t node = 0;      ///< last accepted node (0, the root, if none was accepted)
-  token_id token = 0;        ///< t: correction (a node's children all rejected) or bonus
-  token_source source = token_source::bonus;  ///< correction or bonus (never draft)
-  /// Some node's residual had zero or non-finite mass, so t was drawn from that node's p.
-  bool residual_fallback = false;
-
-  friend constexpr bool operator==(const TreeVerificationResult&,
-                                   const TreeVerificationResult&) = default;
-};
 
 /// Appends the tokens a verification emits (path of result.node, then result.token).
 template <ProbabilityScalar T>
@@ -181,53 +169,6 @@ template <ProbabilityScalar T>
   result.accepted = tree.depth(node);
   return result;
 }
-
-namespace detail {
-
-/// The draft-side consistency checks of a tree: stored q rows are valid probability rows
-/// and every sampled candidate can come from its q_i (q_i(c) > 0; no duplicates without
-/// replacement).
-template <class T>
-void validate_draft_tree(const DraftTree<T>& tree, std::size_t step) {
-  constexpr std::size_t npos = DraftTree<T>::npos;
-  for (std::size_t node = 0; node < tree.size(); ++node) {
-    const expansion kind = tree.expansion_of(node);
-    if (kind != expansion::with_replacement && kind != expansion::without_replacement) continue;
-    const std::span<const T> q = tree.draft_row(node);
-    validate_probability_row(q, tree.vocab_size(), RowLocation{"draft", step, node});
-    for (std::size_t child = tree.first_child(node); child != npos;
-         child = tree.next_sibling(child)) {
-      const token_id token = tree.token(child);
-      if (!(q[static_cast<std::size_t>(token)] > T(0))) {
-        throw_error(errc::invalid_token, describe_location({"draft", step, child}, "node"),
-                    ": token ", token, " has q = 0 at its parent ", node,
-                    ", so it cannot have been drawn from q");
-      }
-      if (kind == expansion::without_replacement) {
-        for (std::size_t earlier = tree.first_child(node); earlier != child;
-             earlier = tree.next_sibling(earlier)) {
-          if (tree.token(earlier) == token) {
-            throw_error(errc::invalid_token, describe_location({"draft", step, child}, "node"),
-                        ": token ", token, " repeats sibling ", earlier,
-                        " under a without_replacement node");
-          }
-        }
-      }
-    }
-  }
-}
-
-template <class T>
-void validate_target_rows_for_tree(const DraftTree<T>& tree, RowsView<const T> target_rows,
-                                   std::size_t step) {
-  if (target_rows.cols() != tree.vocab_size()) {
-    throw_error(errc::vocab_mismatch, "target rows have ", target_rows.cols(),
-                " entries but the draft tree's vocabulary size is ", tree.vocab_size());
-  }
-  validate_probability_rows(target_rows, tree.size(), tree.vocab_size(), {"target", step});
-}
-
-}  // namespace detail
 
 /// Validates the tree and the rows, then runs verify_tree. Throws `specdec::error`:
 /// errc::vocab_mismatch (row width != tree vocabulary), errc::invalid_size (rows !=
@@ -434,6 +375,12 @@ struct TreeOptions {
   bool greedy = false;
   /// Validate every model row (draft rows as drawn, target rows after scoring).
   bool validate = true;
+  /// How stochastic steps verify the tree: automatic (the default) and block use traversal
+  /// verification (traversal_verification.hpp: whole paths from the leaves up; exact, and
+  /// never fewer accepted drafts in expectation) for sampled trees; token uses recursive
+  /// rejection (verify_tree). Trees of one_hot candidates (proposal trees) use recursive
+  /// rejection under automatic, traversal under block.
+  verification_rule verification = verification_rule::automatic;
 };
 
 /// Every buffer a tree step needs; reuse one per decoding loop (no allocation once warm).
@@ -443,6 +390,7 @@ struct TreeStepWorkspace {
   DraftTreeWorkspace<T> drafting;
   TreeScoringWorkspace<T> scoring;
   TreeVerificationWorkspace<T> verification;
+  TraversalWorkspace<T> traversal;
   std::vector<T> transformed_rows;  ///< target rows after a non-identity row transform
   std::vector<token_id> emitted;
 };
@@ -472,6 +420,17 @@ namespace detail {
 template <class D>
 concept proposal_only_drafter = ProposalDrafter<D> && !LanguageModel<D>;
 
+/// Whether a caller-built tree is verified by traversal: always under block, never under
+/// token; under automatic when its root's children were sampled (not one_hot proposals).
+template <class T>
+[[nodiscard]] bool uses_traversal(const DraftTree<T>& tree, const TreeOptions& options) noexcept {
+  if (options.verification != verification_rule::automatic) {
+    return options.verification == verification_rule::block;
+  }
+  const expansion kind = tree.expansion_of(DraftTree<T>::root);
+  return kind == expansion::with_replacement || kind == expansion::without_replacement;
+}
+
 template <class Draft>
 void check_draft_vocabulary(const Draft& draft, std::size_t vocab_size) {
   const auto draft_vocab = static_cast<std::size_t>(draft.vocab_size());
@@ -483,9 +442,10 @@ void check_draft_vocabulary(const Draft& draft, std::size_t vocab_size) {
 
 template <class T, class Target, class G, class RowTransform>
 TreeStepResult score_and_verify(Target& target, std::span<const token_id> context,
-                                const DraftTree<T>& tree, bool greedy, bool validate_target,
-                                bool validate_tree, G& g, TreeStepWorkspace<T>& workspace,
-                                std::size_t step, RowTransform& transform) {
+                                const DraftTree<T>& tree, bool greedy, bool traversal,
+                                bool validate_target, bool validate_tree, G& g,
+                                TreeStepWorkspace<T>& workspace, std::size_t step,
+                                RowTransform& transform) {
   const auto target_vocab = static_cast<std::size_t>(target.vocab_size());
   if (target_vocab != tree.vocab_size()) {
     throw_error(errc::vocab_mismatch, "target model has vocabulary size ", target_vocab,
@@ -509,8 +469,9 @@ TreeStepResult score_and_verify(Target& target, std::span<const token_id> contex
     }
   }
   TreeStepResult result;
-  result.verification = greedy ? verify_tree_greedy(tree, scores.rows)
-                               : verify_tree(tree, scores.rows, g, workspace.verification);
+  result.verification = greedy      ? verify_tree_greedy(tree, scores.rows)
+                        : traversal ? verify_traversal(tree, scores.rows, g, workspace.traversal)
+                                    : verify_tree(tree, scores.rows, g, workspace.verification);
   workspace.emitted.clear();
   append_emitted(tree, result.verification, workspace.emitted);
   result.tokens = workspace.emitted;
@@ -532,7 +493,8 @@ TreeStepResult verify_tree_step(Target& target, std::span<const token_id> contex
                                 TreeStepWorkspace<T>& workspace,
                                 std::size_t step = RowLocation::npos) {
   IdentityRows identity;
-  return detail::score_and_verify(target, context, tree, options.greedy, options.validate,
+  return detail::score_and_verify(target, context, tree, options.greedy,
+                                  detail::uses_traversal(tree, options), options.validate,
                                   options.validate, g, workspace, step, identity);
 }
 
@@ -567,7 +529,8 @@ TreeStepResult tree_step(Target& target, Draft& draft, std::span<const token_id>
                                           workspace.drafting, drafting, transform);
   // The builders drew every candidate from the row they stored: no tree check needed.
   TreeStepResult result =
-      detail::score_and_verify(target, context, workspace.tree, options.greedy, options.validate,
+      detail::score_and_verify(target, context, workspace.tree, options.greedy,
+                               options.verification != verification_rule::token, options.validate,
                                false, g, workspace, step, transform);
   result.draft_calls = draft_calls;
   return result;
@@ -595,7 +558,8 @@ TreeStepResult tree_step(Target& target, Draft& drafter, std::span<const token_i
   (void)build_proposal_tree(drafter, context, limits, workspace.tree, workspace.drafting, step);
   // One_hot candidates have no stored rows to check.
   TreeStepResult result =
-      detail::score_and_verify(target, context, workspace.tree, options.greedy, options.validate,
+      detail::score_and_verify(target, context, workspace.tree, options.greedy,
+                               options.verification == verification_rule::block, options.validate,
                                false, g, workspace, step, transform);
   result.draft_calls = limits.max_depth > 0 ? 1 : 0;
   return result;

@@ -20,13 +20,18 @@ enum class token_source : std::uint8_t {
   bonus,       ///< t after accepting all gamma drafts: drawn from p_{gamma+1}
 };
 
-/// Which rule verifies a chain of model drafts.
+/// Which rule verifies model drafts: token by token, or whole paths.
 enum class verification_rule : std::uint8_t {
-  /// The decoder's default: block verification where it applies (model drafts at T > 0,
-  /// lenience 1, chain steps), else Algorithm 1 (proposals, greedy, lenience < 1, trees).
+  /// The default: the path-level rule where it applies (model drafts at T > 0, lenience 1:
+  /// block verification for chains, traversal verification for sampled trees), else the
+  /// token-level rule (proposals, top-k trees, greedy, lenience < 1).
   automatic,
-  token,  ///< Algorithm 1 (verify_speculative): each draft decided alone
-  block,  ///< block verification (block_verification.hpp): the drafted block as a whole
+  /// Token-level: Algorithm 1 (verify_speculative) for chains, recursive rejection
+  /// (verify_tree) for trees; each draft decided alone.
+  token,
+  /// Path-level: block verification (block_verification.hpp) for chains, traversal
+  /// verification (traversal_verification.hpp) for trees.
+  block,
 };
 
 /// "automatic", "token" or "block".
@@ -67,6 +72,20 @@ struct VerificationResult {
   bool residual_fallback = false;
 
   friend constexpr bool operator==(const VerificationResult&, const VerificationResult&) = default;
+};
+
+/// Result of verifying a draft tree: the step emits the path of `node` (its `accepted`
+/// tokens, root excluded) followed by `token`.
+struct TreeVerificationResult {
+  std::size_t accepted = 0;  ///< n: accepted draft tokens, the depth of `node`
+  std::size_t node = 0;      ///< last accepted node (0, the root, if none was accepted)
+  token_id token = 0;        ///< t: correction (a node's children all rejected) or bonus
+  token_source source = token_source::bonus;  ///< correction or bonus (never draft)
+  /// Some node's residual had zero or non-finite mass, so t was drawn from that node's p.
+  bool residual_fallback = false;
+
+  friend constexpr bool operator==(const TreeVerificationResult&,
+                                   const TreeVerificationResult&) = default;
 };
 
 }  // namespace specdec
