@@ -270,11 +270,13 @@ void BM_Rule(benchmark::State& state, llama::drafter_kind kind, double temperatu
     const bool token_first = seed % 2 == 0;
     llama::RunResult token_run, path_run;
     options.verification = specdec::verification_rule::token;
-    if (token_first) token_run = llama::generate_speculative(p.target, &p.draft, kind, p.prompt, options);
+    if (token_first)
+      token_run = llama::generate_speculative(p.target, &p.draft, kind, p.prompt, options);
     options.verification = specdec::verification_rule::automatic;
     path_run = llama::generate_speculative(p.target, &p.draft, kind, p.prompt, options);
     options.verification = specdec::verification_rule::token;
-    if (!token_first) token_run = llama::generate_speculative(p.target, &p.draft, kind, p.prompt, options);
+    if (!token_first)
+      token_run = llama::generate_speculative(p.target, &p.draft, kind, p.prompt, options);
     state.SetIterationTime(path_run.seconds);
     token_seconds.push_back(token_run.seconds);
     path_seconds.push_back(path_run.seconds);
@@ -292,10 +294,10 @@ void BM_Rule(benchmark::State& state, llama::drafter_kind kind, double temperatu
   state.counters["token_accepted_per_step"] = per(token_total.accepted_tokens, token_total.steps);
   state.counters["calls_ratio"] = per(token_calls, path_calls);
   state.counters["wall_ratio"] = median(token_seconds) / median(path_seconds);
-  state.SetLabel(std::string(llama::to_string(kind)) +
-                 (kind == llama::drafter_kind::tree ? ": traversal vs recursive"
-                                                    : ": block vs Algorithm 1") +
-                 ", T = " + (temperature == 1.0 ? "1" : "0.7"));
+  state.SetLabel(
+      std::string(llama::to_string(kind)) +
+      (kind == llama::drafter_kind::tree ? ": traversal vs recursive" : ": block vs Algorithm 1") +
+      ", T = " + (temperature == 1.0 ? "1" : "0.7"));
 }
 
 void register_benchmarks() {
@@ -325,8 +327,8 @@ void register_benchmarks() {
   }
   for (const double temperature : {1.0, 0.7}) {
     for (const llama::drafter_kind kind : {llama::drafter_kind::model, llama::drafter_kind::tree}) {
-      const std::string name = "BM_Rule/" + std::string(llama::to_string(kind)) +
-                               (temperature == 1.0 ? "/T1" : "/T0.7");
+      const std::string name =
+          "BM_Rule/" + std::string(llama::to_string(kind)) + (temperature == 1.0 ? "/T1" : "/T0.7");
       benchmark::RegisterBenchmark(name.c_str(), BM_Rule, kind, temperature)
           ->UseManualTime()
           ->Unit(benchmark::kMillisecond);

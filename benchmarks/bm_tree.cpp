@@ -222,8 +222,8 @@ void tree_tokens_per_call(benchmark::State& state, int alpha_percent, TreeShape 
           if (shape.shape.is_chain() && mode.sampling != expansion::without_replacement) {
             continue;  // a chain is the same for every mode
           }
-          for (const auto rule : {specdec::verification_rule::token,
-                                  specdec::verification_rule::block}) {
+          for (const auto rule :
+               {specdec::verification_rule::token, specdec::verification_rule::block}) {
             const std::string name =
                 "tree/alpha" + std::to_string(alpha) + "/" + shape.name + "/" +
                 (shape.shape.is_chain() ? "chain" : mode.name) + "/" +

@@ -150,21 +150,29 @@ VerificationResult verify_block_rows(std::span<const token_id> draft_tokens,
       return {i, draw.token, token_source::correction, draw.fallback};
     } else {
       const std::span<const T> q(draft_rows.row(i));
-      const scaled_difference_source<T> source{p.data(), q.data(), vocab_size,
-                                               static_cast<T>(scale), T(1)};
-      mass_table table;
-      build_mass_table(source, table);
-      if (i > 0) {
-        const double h =
-            Rule == block_rule::h_without_z ? rho[i] : block_weight(table.total, rho[i]);
-        if (!(uniform01<double>(g) < h)) continue;
-      }
-      const double u = uniform01<double>(g);
-      std::size_t index = table.drawable() ? draw_from_table(source, table, u) : no_index;
-      if (index != no_index) {
-        return {i, static_cast<token_id>(index), token_source::correction, false};
-      }
-      return {i, draw_from_target(p, u), token_source::correction, true};  // zero mass
+      // One pass builds the mass table of max(0, rho_i p - q): its total is Z, and a stop
+      // at i draws from it. rho_i = 1 (drafts the target favours) takes Algorithm 1's
+      // residual kernel, without the scaling.
+      const auto at = [&](const auto& source) -> std::pair<bool, VerificationResult> {
+        mass_table table;
+        build_mass_table(source, table);
+        if (i > 0) {
+          const double h =
+              Rule == block_rule::h_without_z ? rho[i] : block_weight(table.total, rho[i]);
+          if (!(uniform01<double>(g) < h)) return {false, {}};
+        }
+        const double u = uniform01<double>(g);
+        const std::size_t index = table.drawable() ? draw_from_table(source, table, u) : no_index;
+        if (index != no_index) {
+          return {true, {i, static_cast<token_id>(index), token_source::correction, false}};
+        }
+        return {true, {i, draw_from_target(p, u), token_source::correction, true}};  // zero mass
+      };
+      const auto [stop, result] = scale == 1.0
+                                      ? at(difference_source<T>{p.data(), q.data(), vocab_size})
+                                      : at(scaled_target_difference_source<T>{
+                                            p.data(), q.data(), vocab_size, static_cast<T>(scale)});
+      if (stop) return result;
     }
   }
   // gamma = 0: the bonus token from p_1.

@@ -132,6 +132,29 @@ struct lenient_difference_source {
   }
 };
 
+/// Weights max(0, s * p[j] - q[j]) with s in (0, 1): block verification's residual
+/// (block_verification.hpp) for normalised draft rows, s the prefix ratio rho_n.
+template <class T>
+struct scaled_target_difference_source {
+  const T* target;
+  const T* draft;
+  std::size_t count;
+  T scale;
+
+  [[nodiscard]] std::size_t size() const noexcept { return count; }
+  [[nodiscard]] inline T element(std::size_t j) const noexcept {
+    return clamp_nonnegative(scale * target[j] - draft[j]);
+  }
+  [[nodiscard]] inline double full_block_sum(std::size_t first) const noexcept {
+    const T* p = target;
+    const T* q = draft;
+    const T s = scale;
+    return full_block_lanes<T>(first, [p, q, s](std::size_t j) SPECDEC_LAMBDA_INLINE {
+      return clamp_nonnegative(s * p[j] - q[j]);
+    });
+  }
+};
+
 /// Weights max(0, s * p[j] - f * c[j]) with s in (0, 1]: block verification's residual
 /// (block_verification.hpp), s the prefix ratio rho_n, q = f * c the draft row (f = 1 for
 /// normalised rows; the decoder keeps draft rows unnormalised with a scalar factor).
