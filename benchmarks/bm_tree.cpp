@@ -241,8 +241,13 @@ void tree_tokens_per_call(benchmark::State& state, int alpha_percent, TreeShape 
 }  // namespace
 
 // ---------------------------------------------------------------------------------------
-// Verification cost at a realistic vocabulary: verify_tree on a chain and on a tree vs the
-// core's verify_speculative on the same chain (V = 32000, rows with beta around 0.7).
+// Verification cost at a realistic vocabulary: verify_tree (recursive rejection) and
+// verify_traversal on a chain and on trees vs the core's verify_speculative on the same chain
+// (V = 32000, rows with beta around 0.7). Each benchmark verifies one fixed drafted tree, so
+// tokens_per_verify is conditional on that draft (the expected gain of traversal is in the
+// tree/ rows above). Traversal reads a row pair per failed child, from the leaves up: on the
+// chain of 16, where the deep drafts' path ratios are small, it examines most positions
+// (block verification's gamma - n + 1 row pairs).
 // ---------------------------------------------------------------------------------------
 
 namespace {
@@ -311,8 +316,9 @@ const LargeRows& large_rows() {
 
 void verify_tree_cost(benchmark::State& state, TreeShape shape, bool traversal) {
   const LargeRows& rows = large_rows();
-  static std::map<std::size_t, specdec::DraftTree<float>> trees;
-  auto [entry, inserted] = trees.try_emplace(shape.size(), large_vocab);
+  static std::map<std::vector<std::size_t>, specdec::DraftTree<float>> trees;
+  const std::vector<std::size_t> key(shape.parents().begin(), shape.parents().end());
+  auto [entry, inserted] = trees.try_emplace(key, large_vocab);
   if (inserted) entry->second = make_large_tree(shape, rows);
   const specdec::DraftTree<float>& tree = entry->second;
   const specdec::RowsView<const float> target(rows.target.data(), tree.size(), large_vocab);

@@ -46,16 +46,23 @@
 //
 // Cost: one uniform01<double> per non-root node of positive weight reached (a leaf when it
 // is decided, an internal node after its children failed), then one for the final draw; a
-// subtree whose root has weight 0 cannot succeed and is skipped unread; a node whose
-// first path is accepted reads its rows at the drafted entries only; each failed child costs
-// its parent one fused pass over P_b and Q_b (the clamped difference, its sum Z and, without
-// replacement, the remaining draft mass). Allocation-free once warm (buffers per depth).
+// subtree whose root has weight 0 cannot succeed and is skipped unread; a node whose first
+// path is accepted reads its rows at the drafted entries only. Each failed child costs its
+// parent one vectorised pass over P_b and Q_b that builds the mass table of
+// max(0, w_b P_b - Q_b) (its total is Z; an accepted parent draws from it, walking one
+// superblock); the residual is written out only when a second child fails at the same node.
+// On a chain this is block verification's cost: gamma - n + 1 row pairs. Allocation-free
+// once warm (buffers per depth).
 //
-// Rounding: weights in double, rows in T. If Z + 1 - w_b is 0 after a failure (w_b = 1 and
-// Z = 0: p_b = Q_b, where no child can fail in exact arithmetic), the node stops trying
-// children, is accepted, and draws from p_b; residual_fallback reports it.
+// Rounding: weights in double, rows in T (a failed child's residual entry is 0 in exact
+// arithmetic and is zeroed when the residual is written out; a pending draw carries the
+// rows' rounding there, as every draw from float rows does). If Z + 1 - w_b is 0 after a
+// failure (w_b = 1 and Z = 0: p_b = Q_b, where no child can fail in exact arithmetic), the
+// node stops trying children, is accepted, and draws from p_b; residual_fallback reports it,
+// as it reports a residual whose mass table has no drawable mass.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <random>
@@ -64,6 +71,7 @@
 
 #include "specdec/concepts.hpp"
 #include "specdec/config.hpp"
+#include "specdec/detail/row_kernels.hpp"
 #include "specdec/detail/tree_node_residual.hpp"
 #include "specdec/detail/tree_validation.hpp"
 #include "specdec/draft_tree.hpp"
@@ -85,23 +93,31 @@ enum class traversal_rule : std::uint8_t {
   residual_without_weight,  ///< P_b := norm(max(0, P_b - Q_b)), ignoring w_b
 };
 
-/// The state (w, P, Q) of one internal node on the current path. P is kept as a * R, with R
-/// a row (p itself until the first failure, then the buffer) and a a scalar, so that an
-/// update is one pass: w P - Q = a R - Q.
+/// The state (w, P, Q) of one internal node on the current path, with P = a * R for a row R
+/// and a scalar a, so that the update after a failure is w P - Q = a R - Q. The update is
+/// lazy: a failure builds the mass table of max(0, a R - Q) (one vectorised pass: Z, and the
+/// table a draw from P walks) and keeps it pending; the residual is written out only when a
+/// further failure at the node needs it as its R.
 template <class T>
 class traversal_node {
  public:
-  void start(std::span<const T> target, std::span<const T> draft, expansion kind,
-             double weight) noexcept {
+  static constexpr std::size_t no_candidate = static_cast<std::size_t>(-1);
+
+  void start(std::span<const T> target, std::span<const T> draft, expansion kind, double weight,
+             std::vector<T>& buffer, std::vector<T>& remaining) noexcept {
     target_ = target;
     draft_ = draft;
     kind_ = kind;
     weight_ = weight;
+    base_ = target.data();
     scale_ = weight;
-    materialized_ = false;
+    draft_data_ = draft.data();
+    draft_inverse_ = 1.0;
+    buffer_ = &buffer;
+    remaining_ = &remaining;
     masked_ = false;
+    pending_ = false;
     fallback_ = false;
-    draft_mass_ = 1.0;
   }
 
   [[nodiscard]] double weight() const noexcept { return weight_; }
@@ -110,54 +126,47 @@ class traversal_node {
   /// w_c = min(1, w P(c) / Q(c)) of the child with token c reached next.
   [[nodiscard]] double child_weight(token_id candidate) const noexcept {
     const auto j = static_cast<std::size_t>(candidate);
-    const double mass = scale_ * static_cast<double>(row()[j]);  // w P(c)
+    const double mass = scale_ * residual_entry(j);  // w P(c)
     if (!(mass > 0.0)) return 0.0;
-    const double draft = draft_probability(j);
+    double draft = 1.0;  // one_hot: Q = e_c
+    if (kind_ != expansion::one_hot) {
+      draft = static_cast<double>(draft_data_[j]) * draft_inverse_;
+    }
     if (!(draft > mass)) return 1.0;
     return mass / draft;
   }
 
-  /// The child with token c (no_candidate: a repeated draw) failed: one pass computes
-  /// max(0, a R - Q) into the buffer and its sum Z; w := Z / (Z + 1 - w).
+  /// The child with token c (no_candidate: a repeated draw) failed: Z from the mass table of
+  /// max(0, a R - Q), w := Z / (Z + 1 - w); `more` says whether another child follows (then
+  /// Q moves on to its law).
   template <traversal_rule Rule>
-  void reject(std::size_t candidate, std::vector<T>& buffer, std::vector<T>& remaining) {
+  void reject(std::size_t candidate, bool more) {
     if constexpr (Rule == traversal_rule::skip_sibling_update) {
-      if (kind_ == expansion::without_replacement && candidate != no_candidate) {
-        mask(candidate, remaining);
+      if (more && kind_ == expansion::without_replacement && candidate != no_candidate) {
+        mask(candidate);
       }
       return;
     }
-    const std::size_t size = target_.size();
-    const T* source = row().data();
-    buffer.resize(size);
-    T* out = buffer.data();
-    const T scale = static_cast<T>(Rule == traversal_rule::residual_without_weight ? 1.0 : scale_);
+    if (pending_) materialize();
+    const double a = Rule == traversal_rule::residual_without_weight ? 1.0 : scale_;
+    pending_a_ = static_cast<T>(a);
+    pending_candidate_ = candidate;
+    pending_draft_ = draft_data_;
+    pending_inverse_ = static_cast<T>(draft_inverse_);
+    pending_ = true;
     double z = 0.0;
-    if (kind_ == expansion::one_hot) {
-      for (std::size_t j = 0; j < size; ++j) {
-        const T value = scale * source[j];
-        out[j] = value > T(0) ? value : T(0);
-        z += static_cast<double>(out[j]);
-      }
-      // max(0, w P - e_c): w P(c) <= 1, so entry c is 0.
-      z -= static_cast<double>(out[candidate]);
-      out[candidate] = T(0);
+    if (kind_ == expansion::one_hot) {  // max(0, a R - e_c): a R(c) <= 1, so R without c
+      build_mass_table(one_hot_source(), table_);
+      z = a * table_.total;
     } else {
-      const T* draft = draft_.data();
-      if (kind_ == expansion::without_replacement && masked_) draft = remaining.data();
-      const T inverse = static_cast<T>(1.0 / draft_mass_);
-      for (std::size_t j = 0; j < size; ++j) {
-        const T value = scale * source[j] - inverse * draft[j];
-        out[j] = value > T(0) ? value : T(0);
-        z += static_cast<double>(out[j]);
-      }
-      if (candidate != no_candidate) {  // failed: w P(c) < Q(c) in exact arithmetic
-        z -= static_cast<double>(out[candidate]);
-        out[candidate] = T(0);
-        if (kind_ == expansion::without_replacement) mask(candidate, remaining);
-      }
+      const auto source = difference_source();
+      build_mass_table(source, table_);
+      z = table_.total;
+      if (candidate != no_candidate) z -= static_cast<double>(source.element(candidate));
     }
-    materialized_ = true;
+    if (more && kind_ == expansion::without_replacement && candidate != no_candidate) {
+      mask(candidate);
+    }
     const double denominator = z + (1.0 - weight_);
     if (!(denominator > 0.0)) {  // w = 1 and Z = 0: reachable only through rounding
       fallback_ = true;
@@ -166,60 +175,92 @@ class traversal_node {
     }
     weight_ = z / denominator;
     if (weight_ > 1.0) weight_ = 1.0;
-    scale_ = 1.0 / denominator;  // w P = (Z / D) * (R / Z) = R / D
+    scale_ = 1.0 / denominator;  // w P = (Z / D) * (residual / Z) = residual / D
   }
 
-  /// The correction of an accepted node: a draw from P (from p after a fallback).
+  /// The correction of an accepted node: a draw from P (from p after a fallback), and
+  /// whether it fell back.
   template <std::uniform_random_bit_generator G>
-  [[nodiscard]] token_id sample(G& g) const {
-    return sample_from_row(fallback_ ? target_ : row(), g);
+  [[nodiscard]] ResidualDraw sample(G& g) const {
+    if (fallback_) return {sample_from_row(target_, g), true};
+    if (!pending_) return {sample_from_row(std::span<const T>(base_, target_.size()), g), false};
+    const double u = uniform01<double>(g);
+    std::size_t index = no_index;
+    if (table_.drawable()) {
+      index = kind_ == expansion::one_hot ? draw_from_table(one_hot_source(), table_, u)
+                                          : draw_from_table(difference_source(), table_, u);
+    }
+    if (index == no_index) return {draw_from_target(target_, u), true};  // zero mass
+    return {static_cast<token_id>(index), false};
   }
-
-  static constexpr std::size_t no_candidate = static_cast<std::size_t>(-1);
-
-  void bind(std::vector<T>& buffer) noexcept { buffer_ = &buffer; }
 
  private:
-  [[nodiscard]] std::span<const T> row() const noexcept {
-    return materialized_ ? std::span<const T>(*buffer_) : target_;
+  [[nodiscard]] replaced_entry_source<T> one_hot_source() const noexcept {
+    return {base_, target_.size(), pending_candidate_, T(0)};
+  }
+  [[nodiscard]] scaled_difference_source<T> difference_source() const noexcept {
+    return {base_, pending_draft_, target_.size(), pending_a_, pending_inverse_};
   }
 
-  [[nodiscard]] double draft_probability(std::size_t j) const noexcept {
-    switch (kind_) {
-      case expansion::one_hot:
-        return 1.0;
-      case expansion::without_replacement:
-        if (masked_) {
-          const auto value = static_cast<double>((*remaining_)[j]);
-          return value > 0.0 ? value / draft_mass_ : 0.0;
-        }
-        return static_cast<double>(draft_[j]);
-      default:
-        return static_cast<double>(draft_[j]);
+  /// R(j) of the current residual (pending or written out), unscaled.
+  [[nodiscard]] double residual_entry(std::size_t j) const noexcept {
+    if (!pending_) return static_cast<double>(base_[j]);
+    if (j == pending_candidate_) return 0.0;
+    if (kind_ == expansion::one_hot) return static_cast<double>(pending_a_ * base_[j]);
+    return static_cast<double>(difference_source().element(j));
+  }
+
+  /// Writes the pending residual out as the new R (a := 1 is folded into scale_ already).
+  void materialize() {
+    const std::size_t size = target_.size();
+    std::vector<T>& buffer = *buffer_;
+    buffer.resize(size);
+    T* out = buffer.data();
+    if (kind_ == expansion::one_hot) {
+      const T a = pending_a_;
+      const T* base = base_;
+      for (std::size_t j = 0; j < size; ++j) out[j] = a * base[j];
+    } else {
+      const auto source = difference_source();
+      for (std::size_t j = 0; j < size; ++j) out[j] = source.element(j);
     }
+    if (pending_candidate_ != no_candidate) out[pending_candidate_] = T(0);
+    base_ = out;
+    pending_ = false;
   }
 
-  void mask(std::size_t candidate, std::vector<T>& remaining) {
+  /// Without replacement: Q := q without the children drawn so far, renormalised.
+  void mask(std::size_t candidate) {
+    std::vector<T>& remaining = *remaining_;
     if (!masked_) {
       remaining.assign(draft_.begin(), draft_.end());
       masked_ = true;
     }
-    remaining_ = &remaining;
     remaining[candidate] = T(0);
-    draft_mass_ = tree_row_sum(std::span<const T>(remaining));
+    draft_data_ = remaining.data();
+    const double mass = tree_row_sum(std::span<const T>(remaining));
+    draft_inverse_ = mass > 0.0 ? 1.0 / mass : 0.0;
   }
 
   std::span<const T> target_;
   std::span<const T> draft_;
   expansion kind_ = expansion::none;
   double weight_ = 1.0;
-  double scale_ = 1.0;
-  double draft_mass_ = 1.0;
-  bool materialized_ = false;
+  const T* base_ = nullptr;  ///< R: p, or the buffer once a residual was written out
+  double scale_ = 1.0;       ///< a: w P = a R
+  const T* draft_data_ = nullptr;
+  double draft_inverse_ = 1.0;  ///< Q = draft_data_ * draft_inverse_
+  std::vector<T>* buffer_ = nullptr;
+  std::vector<T>* remaining_ = nullptr;
   bool masked_ = false;
   bool fallback_ = false;
-  std::vector<T>* buffer_ = nullptr;
-  const std::vector<T>* remaining_ = nullptr;
+  // The pending residual max(0, a R - Q) (entry c zeroed) and its mass table.
+  bool pending_ = false;
+  T pending_a_ = T(1);
+  std::size_t pending_candidate_ = no_candidate;
+  const T* pending_draft_ = nullptr;
+  T pending_inverse_ = T(1);
+  mass_table table_{};
 };
 
 }  // namespace detail
@@ -250,17 +291,15 @@ TreeVerificationResult traverse(const DraftTree<T>& tree, RowsView<const T> targ
   const auto state = [&](std::size_t node) -> traversal_node<T>& {
     return workspace.nodes[tree.depth(node)];
   };
-  const auto reject = [&](std::size_t parent, std::size_t candidate) {
-    const std::size_t d = tree.depth(parent);
-    workspace.nodes[d].template reject<Rule>(candidate, workspace.residuals[d],
-                                             workspace.remaining[d]);
+  const auto reject = [&](std::size_t parent, std::size_t candidate, bool more) {
+    workspace.nodes[tree.depth(parent)].template reject<Rule>(candidate, more);
   };
   // Reaches child `child` of `parent`: absorbs the repeated draws before it, then its weight.
   const auto reach = [&](std::size_t parent, std::size_t child) {
     traversal_node<T>& s = state(parent);
     if (tree.expansion_of(parent) == expansion::with_replacement) {
       for (std::size_t k = tree.repeats_before(child); k > 0 && !s.fallback(); --k) {
-        reject(parent, no_candidate);
+        reject(parent, no_candidate, true);
       }
     }
     return s.fallback() ? -1.0 : s.child_weight(tree.token(child));
@@ -285,8 +324,9 @@ TreeVerificationResult traverse(const DraftTree<T>& tree, RowsView<const T> targ
         continue;
       }
       traversal_node<T>& s = state(node);
-      s.bind(workspace.residuals[tree.depth(node)]);
-      s.start(target_rows.row(node), tree.draft_row(node), tree.expansion_of(node), weight);
+      const std::size_t d = tree.depth(node);
+      s.start(target_rows.row(node), tree.draft_row(node), tree.expansion_of(node), weight,
+              workspace.residuals[d], workspace.remaining[d]);
       const std::size_t child = tree.first_child(node);
       weight = reach(node, child);
       if (weight >= 0.0) {
@@ -299,8 +339,14 @@ TreeVerificationResult traverse(const DraftTree<T>& tree, RowsView<const T> targ
     // `node` failed (or its parent fell back): its parent absorbs it and goes on.
     const std::size_t parent = tree.parent(node);
     traversal_node<T>& s = state(parent);
-    if (!s.fallback()) reject(parent, static_cast<std::size_t>(tree.token(node)));
-    const std::size_t next = s.fallback() ? npos : tree.next_sibling(node);
+    const std::size_t sibling = tree.next_sibling(node);
+    if (!s.fallback()) {
+      const bool more =
+          sibling != npos || (tree.expansion_of(parent) == expansion::with_replacement &&
+                              tree.trailing_repeats(parent) > 0);
+      reject(parent, static_cast<std::size_t>(tree.token(node)), more);
+    }
+    const std::size_t next = s.fallback() ? npos : sibling;
     if (next != npos) {
       weight = reach(parent, next);
       node = next;
@@ -309,14 +355,15 @@ TreeVerificationResult traverse(const DraftTree<T>& tree, RowsView<const T> targ
     }
     if (!s.fallback() && tree.expansion_of(parent) == expansion::with_replacement) {
       for (std::size_t k = tree.trailing_repeats(parent); k > 0 && !s.fallback(); --k) {
-        reject(parent, no_candidate);
+        reject(parent, no_candidate, k > 1);
       }
     }
     if (parent == root || s.fallback() || uniform01<double>(g) < s.weight()) {
       node = parent;
-      result.token = s.sample(g);
+      const ResidualDraw draw = s.sample(g);
+      result.token = draw.token;
       result.source = token_source::correction;
-      result.residual_fallback = s.fallback();
+      result.residual_fallback = draw.fallback;
       break;
     }
     node = parent;  // every path below `parent` failed, and so did `parent`
