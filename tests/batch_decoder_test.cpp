@@ -268,6 +268,8 @@ TEST_CASE("BatchDecoder: stop tokens, stop sequences and max_new_tokens", "[batc
     auto r = request(id, 1 + id % 13, SamplingOptions{}, 4);
     r.stop_tokens = {3};
     r.stop_sequences = {{1, 2}, {5, 5, 5}};
+    // Both verification rules: block (the default) and Algorithm 1.
+    if (id % 2 == 1) r.verification = specdec::verification_rule::token;
     decoder.add(r);
   }
   decoder.run();

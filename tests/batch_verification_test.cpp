@@ -17,6 +17,7 @@
 
 #include <catch2/catch_template_test_macros.hpp>
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
 
 #include "specdec/batch_verification.hpp"
 #include "specdec/executor.hpp"
@@ -65,6 +66,10 @@ VerificationResult single_sequence(const Sequence<T>& s, std::size_t vocab) {
   auto g = specdec::stream_engine(s.options.stream);
   const specdec::SpeculativeSamplingOptions options{s.options.lenience};
   const RowsView<const T> standardized(p.data(), gamma + 1, vocab);
+  if (s.options.uses_block()) {
+    return specdec::verify_block(s.drafts, RowsView<const T>(q.data(), gamma, vocab), standardized,
+                                 g);
+  }
   if (s.options.proposals) {
     return specdec::verify_speculative_proposals(s.drafts, standardized, g, options);
   }
@@ -243,6 +248,49 @@ TEMPLATE_TEST_CASE("Batch: each sequence gets the single-sequence verification o
     verifier.verify_checked(batch.view(), batch.options, checked);
     for (std::size_t b = 0; b < sequences.size(); ++b) CHECK(checked.result(b) == out.result(b));
   }
+}
+
+TEMPLATE_TEST_CASE(
+    "Batch: with verification = block, each sequence gets verify_block of its standardized "
+    "rows",
+    "[batch][exactness][block_verification]", float, double) {
+  // The mixed sequences of the test above with the block rule: model drafts at T > 0 and
+  // lenience 1 are verified by verify_block (dense, and top-k survivors: the same decisions,
+  // the draw summed in id order), the others as before; automatic is the same here.
+  for (const std::size_t vocab : {2UL, 40UL, 5000UL}) {
+    auto sequences = random_sequences<TestType>(vocab > 1000 ? 24 : 96, vocab, 6, vocab + 7);
+    std::size_t blocks = 0;
+    for (auto& s : sequences) {
+      s.options.verification = specdec::verification_rule::block;
+      if (s.options.lenience != 1.0) s.options.verification = specdec::verification_rule::automatic;
+      blocks += s.options.uses_block() && !s.drafts.empty() ? 1U : 0U;
+    }
+    REQUIRE(blocks > 0);
+    std::vector<const Sequence<TestType>*> all;
+    for (const auto& s : sequences) all.push_back(&s);
+    const Batch<TestType> batch(vocab, all);
+    BatchVerifier<TestType> verifier(2);
+    verifier.set_parallel_threshold(0);
+    BatchVerification out;
+    verifier.verify(batch.view(), batch.options, out);
+    for (std::size_t b = 0; b < sequences.size(); ++b) {
+      INFO("V = " << vocab << ", sequence " << b);
+      CHECK(out.result(b) == single_sequence(sequences[b], vocab));
+    }
+  }
+  // Block with lenience < 1 is an option error naming the sequence.
+  const auto sequences = random_sequences<TestType>(4, 8, 3, 5);
+  std::vector<const Sequence<TestType>*> all;
+  for (const auto& s : sequences) all.push_back(&s);
+  Batch<TestType> batch(8, all);
+  batch.options[2].verification = specdec::verification_rule::block;
+  batch.options[2].lenience = 0.5;
+  BatchVerifier<TestType> verifier(1);
+  BatchVerification out;
+  CHECK_THROWS_WITH(
+      verifier.verify(batch.view(), batch.options, out),
+      Catch::Matchers::ContainsSubstring("batch position 2") &&
+          Catch::Matchers::ContainsSubstring("verification = block needs lenience = 1"));
 }
 
 TEMPLATE_TEST_CASE(

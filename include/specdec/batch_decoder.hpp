@@ -276,7 +276,8 @@ class BatchDecoder {
       const Active& sequence = active_[b];
       options_buffer_[b] = SequenceOptions{
           sequence.request.sampling, 1.0, !draft_is_model,
-          StreamKey{sequence.request.seed, sequence.request.id, sequence.result.steps}};
+          StreamKey{sequence.request.seed, sequence.request.id, sequence.result.steps},
+          sequence.request.verification};
     }
     const RaggedBatch<value_type> batch{drafting_.tokens(), drafting_.offsets(), target_rows,
                                         drafting_.rows()};

@@ -15,6 +15,7 @@
 #include "specdec/random.hpp"
 #include "specdec/sampling.hpp"
 #include "specdec/stop_conditions.hpp"
+#include "specdec/verification_result.hpp"
 
 namespace specdec {
 
@@ -84,6 +85,9 @@ struct SequenceRequest {
   /// Generation ends right after its generated tokens end with one of these (non-empty;
   /// the prompt is not matched).
   std::vector<std::vector<token_id>> stop_sequences{};
+  /// How its model drafts are verified at T > 0 (DecoderOptions::verification): automatic
+  /// and block use block verification, token Algorithm 1.
+  verification_rule verification = verification_rule::automatic;
 };
 
 /// Why a sequence left the batch.

@@ -32,6 +32,11 @@
 // their final draw sums the survivors in id order (the dense kernels sum in lanes), so its
 // token can differ from verify_speculative's on the dense rows only where u falls within
 // rounding of a boundary between two tokens.
+//
+// Block verification (SequenceOptions::verification, BatchDecoder's default): a sequence's
+// model drafts at T > 0 are decided as a block, exactly as verify_block decides them on its
+// standardized rows (dense rows are then all standardized first, since the block rule reads
+// the drafted entry of every row); top-k rows as the decoder's verify_survivors_block.
 #pragma once
 
 #include <algorithm>
@@ -44,6 +49,7 @@
 #include <string>
 #include <vector>
 
+#include "specdec/block_verification.hpp"
 #include "specdec/concepts.hpp"
 #include "specdec/config.hpp"
 #include "specdec/detail/sparse_rows.hpp"
@@ -102,6 +108,18 @@ struct SequenceOptions {
   double lenience = 1.0;       ///< paper App. A.5; 1 = exact Algorithm 1
   bool proposals = false;      ///< drafts proposed without rows (n-gram, prompt lookup): q one-hot
   StreamKey stream{};          ///< its uniforms: stream_engine(stream)
+  /// token (the default here): Algorithm 1, bitwise verify_speculative. automatic or block:
+  /// block verification (verify_block: the drafted block decided as a whole; exact, never
+  /// fewer accepted drafts in expectation) for model drafts at T > 0; proposals, greedy
+  /// sequences and lenience < 1 keep Algorithm 1 (block with lenience < 1 is an
+  /// invalid_option error). BatchDecoder passes its requests' rule (automatic by default).
+  verification_rule verification = verification_rule::token;
+
+  /// Whether this sequence's model drafts are verified by blocks.
+  [[nodiscard]] bool uses_block() const noexcept {
+    return verification != verification_rule::token && !proposals && !sampling.greedy() &&
+           lenience == 1.0;
+  }
 };
 
 /// The outcome of one batch: per sequence its VerificationResult and the tokens it emits
@@ -335,6 +353,8 @@ class BatchVerifier {
     // last read, and the residual's weights.
     std::vector<std::uint32_t> p_ids, q_ids;
     std::vector<T> p_weights, q_weights, residual;
+    // Block verification over standardized dense rows: all p and q rows of the sequence.
+    std::vector<T> block_p, block_q;
   };
 
   // Hands sequences 0..count-1 to the executor's tasks, one at a time; task k works with
@@ -389,7 +409,9 @@ class BatchVerifier {
     if (options.sampling.greedy()) return verify_greedy(drafts, target);
     xoshiro256pp g = stream_engine(options.stream);
     const SpeculativeSamplingOptions verification{options.lenience};
+    const bool block = options.uses_block();
     if (options.sampling.identity()) {
+      if (block) return verify_block(drafts, batch.draft(b), target, g);
       if (options.proposals) return verify_speculative_proposals(drafts, target, g, verification);
       return verify_speculative(drafts, batch.draft(b), target, g, verification);
     }
@@ -403,6 +425,7 @@ class BatchVerifier {
     if (work.standardizer.sparse_for(vocab_size)) {
       return verify_sparse(batch, b, options, work, g);
     }
+    if (block) return verify_block_standardized(batch, b, work, g);
     const std::span<T> p(work.p.data(), vocab_size);
     const std::span<T> q(work.q.data(), vocab_size);
     std::size_t p_row = detail::no_index;
@@ -447,6 +470,31 @@ class BatchVerifier {
     return {gamma, sample_from_row(standardized_p(gamma), g), token_source::bonus, false};
   }
 
+  // Block verification of a sequence's standardized dense rows: every row standardized once
+  // into the workspace (block verification reads the drafted entries of all of them), then
+  // exactly verify_block on them.
+  static VerificationResult verify_block_standardized(const RaggedBatch<T>& batch, std::size_t b,
+                                                      workspace& work, xoshiro256pp& g) {
+    const std::span<const token_id> drafts = batch.drafts(b);
+    const RowsView<const T> target = batch.target(b);
+    const RowsView<const T> draft = batch.draft(b);
+    const std::size_t vocab_size = batch.vocab_size();
+    const std::size_t gamma = drafts.size();
+    if (work.block_p.size() < (gamma + 1) * vocab_size)
+      work.block_p.resize((gamma + 1) * vocab_size);
+    if (work.block_q.size() < gamma * vocab_size) work.block_q.resize(gamma * vocab_size);
+    for (std::size_t i = 0; i <= gamma; ++i) {
+      work.standardizer.apply(std::span<const T>(target.row(i)),
+                              std::span<T>(work.block_p.data() + i * vocab_size, vocab_size));
+      if (i < gamma) {
+        work.standardizer.apply(std::span<const T>(draft.row(i)),
+                                std::span<T>(work.block_q.data() + i * vocab_size, vocab_size));
+      }
+    }
+    return verify_block(drafts, RowsView<const T>(work.block_q.data(), gamma, vocab_size),
+                        RowsView<const T>(work.block_p.data(), gamma + 1, vocab_size), g);
+  }
+
   // verify_sequence for rows truncated by top-k (0 < top_k < V), kept as their survivors
   // (Standardizer::apply_sparse: one selection pass per row, then nothing reads V entries):
   // the same decisions as on the dense standardized rows (the survivors' weights are the
@@ -489,8 +537,11 @@ class BatchVerifier {
     };
     // The decoder's verification of survivors (verify_stage.hpp), without beta.
     const StepVerdict verdict =
-        verify_survivors(drafts, p_at, q_at, options.proposals,
-                         VerifyRules{options.lenience, false}, g, work.residual.data());
+        options.uses_block()
+            ? verify_survivors_block(drafts, p_at, q_at, VerifyRules{options.lenience, false}, g,
+                                     work.residual.data())
+            : verify_survivors(drafts, p_at, q_at, options.proposals,
+                               VerifyRules{options.lenience, false}, g, work.residual.data());
     return {verdict.accepted, verdict.token, verdict.source, verdict.fallback};
   }
 
@@ -498,6 +549,12 @@ class BatchVerifier {
     try {
       options.sampling.validate();
       validate_lenience(options.lenience);
+      if (options.verification == verification_rule::block && options.lenience != 1.0) {
+        detail::throw_error(errc::invalid_option,
+                            "verification = block needs lenience = 1 (block verification is "
+                            "defined for exact sampling), not ",
+                            options.lenience);
+      }
     } catch (const error& e) {
       throw naming_sequence(e, b, options);
     }
