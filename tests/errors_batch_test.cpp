@@ -170,6 +170,13 @@ TEST_CASE("B7 verify, verify_checked: sampling options or lenience out of range"
   check_error(
       "B7", [&] { t.verifier.verify(t.batch(), t.options, t.out); }, errc::domain,
       "sequence 7 (batch position 0): lenience 0 is outside (0, 1]");
+  ThreeSequences u;
+  u.options[1].lenience = 0.5;
+  u.options[1].verification = specdec::verification_rule::block;
+  check_error(
+      "B7", [&] { u.verifier.verify(u.batch(), u.options, u.out); }, errc::invalid_option,
+      "sequence 8 (batch position 1): verification = block needs lenience = 1 (block "
+      "verification is defined for exact sampling), not 0.5");
 }
 
 TEST_CASE("B8 verify_checked: model drafts in a batch without draft rows", "[errors][batch]") {
