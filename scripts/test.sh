@@ -2,7 +2,8 @@
 # Installs missing dependencies (Debian), then builds and runs every specdec test:
 #   a GCC (Release; tests at -O2) build with all tests, examples, benchmarks and the
 #   header-alone checks, a Clang (-O1, assertions on) build with all tests, an ASan+UBSan
-#   build with all tests (only the GCC build builds the examples; sanitizer and Clang
+#   build with all tests but the llama engine example's (SPECDEC_TEST_SKIP; fuzz_gguf runs
+#   its GGUF loading under ASan+UBSan) (only the GCC build builds the examples; sanitizer and Clang
 #   builds keep line tables only, all their reports need), the CMake consumer
 #   projects (find_package after install, and add_subdirectory), every benchmark binary
 #   run briefly, a ThreadSanitizer build of the thread-safety tests (build/tsan, targets
