@@ -33,8 +33,8 @@
 #include "specdec/step_checks.hpp"             // IWYU pragma: export
 #include "specdec/step_rows.hpp"               // IWYU pragma: export
 #include "specdec/stop_conditions.hpp"         // IWYU pragma: export
-#include "specdec/tree_stage.hpp"              // IWYU pragma: export
 #include "specdec/traversal_verification.hpp"  // IWYU pragma: export
+#include "specdec/tree_stage.hpp"              // IWYU pragma: export
 #include "specdec/tree_verification.hpp"       // IWYU pragma: export
 #include "specdec/validation.hpp"              // IWYU pragma: export
 #include "specdec/verification_result.hpp"     // IWYU pragma: export
