@@ -33,6 +33,7 @@
 #include "specdec/speculative_sampling.hpp"
 #include "specdec/statistics.hpp"
 #include "speculative_decoder_models.hpp"
+#include "support/prefix_model.hpp"
 #include "support/scripted_uniforms.hpp"
 #include "support/sequence_law.hpp"
 #include "support/token_law.hpp"
@@ -45,43 +46,11 @@ using specdec::VerificationResult;
 using specdec::detail::block_rule;
 using specdec::testing::ScriptedGenerator;
 
-constexpr std::uint64_t grid = std::uint64_t{1} << 53U;  // uniform01<double> values per unit
-
-/// A model whose next-token row depends on the drafted prefix (its length and last two
-/// tokens): rows drawn at random, with zeros, or given.
-struct PrefixModel {
-  std::size_t vocab = 0;
-  std::vector<std::vector<double>> rows;
-
-  [[nodiscard]] const std::vector<double>& operator()(std::span<const token_id> prefix) const {
-    std::size_t key = prefix.size() * 7;
-    if (!prefix.empty()) key += 3 * static_cast<std::size_t>(prefix.back());
-    if (prefix.size() > 1) key += 5 * static_cast<std::size_t>(prefix[prefix.size() - 2]);
-    return rows[key % rows.size()];
-  }
-};
-
-std::vector<double> random_row(std::size_t vocab, specdec::xoshiro256pp& g, double zeros) {
-  std::vector<double> row(vocab);
-  double total = 0.0;
-  for (auto& x : row) {
-    const double u = specdec::uniform01<double>(g);
-    x = specdec::uniform01<double>(g) < zeros ? 0.0 : u * u * u + 1e-3;
-    total += x;
-  }
-  if (total == 0.0) {
-    row[specdec::uniform_below(g, vocab)] = 1.0;
-    total = 1.0;
-  }
-  for (auto& x : row) x /= total;
-  return row;
-}
-
-PrefixModel random_model(std::size_t vocab, specdec::xoshiro256pp& g, double zeros) {
-  PrefixModel model{vocab, {}};
-  for (int k = 0; k < 11; ++k) model.rows.push_back(random_row(vocab, g, zeros));
-  return model;
-}
+constexpr std::uint64_t grid = specdec::testing::uniform_grid;
+using specdec::testing::extend;
+using specdec::testing::first_true;
+using specdec::testing::PrefixModel;
+using specdec::testing::random_model;
 
 /// A draft / target pair and the draft length it is verified at.
 struct Pair {
@@ -183,21 +152,6 @@ VerificationResult scripted(verifier which, const BlockRows<T>& rows,
   return result;
 }
 
-/// The smallest k in [low, grid] with stop(k) true (stop monotone; grid if none).
-template <class Stop>
-std::uint64_t first_true(std::uint64_t low, Stop&& stop) {
-  std::uint64_t high = grid;  // stop(grid) counts as true
-  while (low < high) {
-    const std::uint64_t mid = low + (high - low) / 2;
-    if (stop(mid)) {
-      high = mid;
-    } else {
-      low = mid + 1;
-    }
-  }
-  return low;
-}
-
 /// The law of (n, t) of one verification of a fixed drafted block by the real code:
 /// law[n][t].
 template <class T>
@@ -288,30 +242,6 @@ Law step_law(const Pair& pair, verifier which, double* mean_accepted = nullptr,
   if (mean_accepted != nullptr) *mean_accepted = first;
   if (mean_square != nullptr) *mean_square = second;
   return law;
-}
-
-/// Extends every sequence to `length` tokens by sampling from the target.
-Law extend(const Law& law, const PrefixModel& target, std::size_t length) {
-  Law extended;
-  for (const auto& [sequence, probability] : law) {
-    std::vector<std::pair<std::vector<token_id>, double>> stack{{sequence, probability}};
-    while (!stack.empty()) {
-      auto [prefix, mass] = stack.back();
-      stack.pop_back();
-      if (prefix.size() >= length) {
-        extended[prefix] += mass;
-        continue;
-      }
-      const auto& p = target(prefix);
-      for (std::size_t t = 0; t < p.size(); ++t) {
-        if (p[t] == 0.0) continue;
-        auto next = prefix;
-        next.push_back(static_cast<token_id>(t));
-        stack.emplace_back(std::move(next), mass * p[t]);
-      }
-    }
-  }
-  return extended;
 }
 
 Law target_law(const Pair& pair) {

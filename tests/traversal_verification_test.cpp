@@ -32,6 +32,7 @@
 #include "specdec/traversal_verification.hpp"
 #include "specdec/tree_verification.hpp"
 #include "support/counting_allocator.hpp"
+#include "support/prefix_model.hpp"
 #include "support/scripted_uniforms.hpp"
 #include "support/token_law.hpp"
 
@@ -49,20 +50,11 @@ using Law = specdec::testing::TokenLaw;
 using specdec::testing::law_total_variation;
 using specdec::testing::max_difference;
 
-constexpr std::uint64_t grid = std::uint64_t{1} << 53U;  // uniform01<double> values per unit
-
-/// Next-token rows that depend on the prefix (its length and last two tokens).
-struct PrefixModel {
-  std::size_t vocab = 0;
-  std::vector<std::vector<double>> rows;
-
-  [[nodiscard]] const std::vector<double>& operator()(std::span<const token_id> prefix) const {
-    std::size_t key = prefix.size() * 7;
-    if (!prefix.empty()) key += 3 * static_cast<std::size_t>(prefix.back());
-    if (prefix.size() > 1) key += 5 * static_cast<std::size_t>(prefix[prefix.size() - 2]);
-    return rows[key % rows.size()];
-  }
-};
+constexpr std::uint64_t grid = specdec::testing::uniform_grid;
+using specdec::testing::extend;
+using specdec::testing::first_true;
+using specdec::testing::PrefixModel;
+using specdec::testing::random_model;
 
 /// PrefixModel as a LanguageModel (the tree builders' draft).
 struct PrefixLanguageModel {
@@ -72,28 +64,6 @@ struct PrefixLanguageModel {
     return (*model)(context);
   }
 };
-
-std::vector<double> random_row(std::size_t vocab, specdec::xoshiro256pp& g, double zeros) {
-  std::vector<double> row(vocab);
-  double total = 0.0;
-  for (auto& x : row) {
-    const double u = specdec::uniform01<double>(g);
-    x = specdec::uniform01<double>(g) < zeros ? 0.0 : u * u * u + 1e-3;
-    total += x;
-  }
-  if (total == 0.0) {
-    row[specdec::uniform_below(g, vocab)] = 1.0;
-    total = 1.0;
-  }
-  for (auto& x : row) x /= total;
-  return row;
-}
-
-PrefixModel random_model(std::size_t vocab, specdec::xoshiro256pp& g, double zeros) {
-  PrefixModel model{vocab, {}};
-  for (int k = 0; k < 11; ++k) model.rows.push_back(random_row(vocab, g, zeros));
-  return model;
-}
 
 /// How a setting drafts its trees.
 enum class drafting {
@@ -239,21 +209,6 @@ Outcome scripted(Step& step, const Setting& setting, verifier which,
   return out;
 }
 
-/// The smallest k in [low, grid] with stop(k) true (stop monotone; grid if none).
-template <class Stop>
-std::uint64_t first_true(std::uint64_t low, Stop&& stop) {
-  std::uint64_t high = grid;
-  while (low < high) {
-    const std::uint64_t mid = low + (high - low) / 2;
-    if (stop(mid)) {
-      high = mid;
-    } else {
-      low = mid + 1;
-    }
-  }
-  return low;
-}
-
 struct Enumerated {
   Law law;  ///< emitted tokens of one step
   double mean_accepted = 0.0;
@@ -298,30 +253,6 @@ Enumerated enumerate(const Setting& setting, verifier which) {
   std::vector<std::uint64_t> prefix;
   explore(step, setting, which, prefix, 1.0, out);
   return out;
-}
-
-/// Extends every sequence to `length` tokens by sampling from the target.
-Law extend(const Law& law, const PrefixModel& target, std::size_t length) {
-  Law extended;
-  for (const auto& [sequence, probability] : law) {
-    std::vector<std::pair<std::vector<token_id>, double>> stack{{sequence, probability}};
-    while (!stack.empty()) {
-      auto [prefix, mass] = stack.back();
-      stack.pop_back();
-      if (prefix.size() >= length) {
-        extended[prefix] += mass;
-        continue;
-      }
-      const auto& p = target(prefix);
-      for (std::size_t t = 0; t < p.size(); ++t) {
-        if (p[t] == 0.0) continue;
-        auto next = prefix;
-        next.push_back(static_cast<token_id>(t));
-        stack.emplace_back(std::move(next), mass * p[t]);
-      }
-    }
-  }
-  return extended;
 }
 
 std::size_t law_length(const Setting& setting) {
