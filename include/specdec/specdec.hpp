@@ -12,6 +12,7 @@
 #include "specdec/cached_context.hpp"          // IWYU pragma: export
 #include "specdec/concepts.hpp"                // IWYU pragma: export
 #include "specdec/config.hpp"                  // IWYU pragma: export
+#include "specdec/constrained_model.hpp"       // IWYU pragma: export
 #include "specdec/draft_stage.hpp"             // IWYU pragma: export
 #include "specdec/draft_tree.hpp"              // IWYU pragma: export
 #include "specdec/drafters/count_models.hpp"   // IWYU pragma: export
@@ -33,6 +34,8 @@
 #include "specdec/step_checks.hpp"             // IWYU pragma: export
 #include "specdec/step_rows.hpp"               // IWYU pragma: export
 #include "specdec/stop_conditions.hpp"         // IWYU pragma: export
+#include "specdec/token_constraint.hpp"        // IWYU pragma: export
+#include "specdec/token_dfa.hpp"               // IWYU pragma: export
 #include "specdec/traversal_verification.hpp"  // IWYU pragma: export
 #include "specdec/tree_stage.hpp"              // IWYU pragma: export
 #include "specdec/tree_verification.hpp"       // IWYU pragma: export
