@@ -27,11 +27,13 @@
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include "errors_catalogue.hpp"
 #include "specdec/constrained_model.hpp"
 #include "specdec/random.hpp"
 #include "specdec/sampling.hpp"
 #include "specdec/speculative_decoder.hpp"
 #include "specdec/statistics.hpp"
+#include "specdec/token_dfa.hpp"
 #include "speculative_decoder_models.hpp"
 #include "support/counting_allocator.hpp"
 #include "support/prefix_model.hpp"
@@ -461,4 +463,387 @@ TEST_CASE(
     INFO("walk " << static_cast<int>(walk) << " on " << all[k].name << ": tv " << tv);
     CHECK(!result.passed());
   }
+}
+
+namespace {
+
+/// A constraint for any V: in state s (the last token mod 3, 0 at the start) token t is
+/// allowed unless (t + s) % 3 == 0.
+struct ModuloAutomaton {
+  using state_type = int;
+  std::size_t vocab = 40;
+  int at = 0;
+  [[nodiscard]] int state() const { return at; }
+  void restore(int s) { at = s; }
+  bool advance(token_id t) {
+    if ((t + at) % 3 == 0) return false;
+    at = t % 3;
+    return true;
+  }
+  void allowed_tokens(std::span<std::uint64_t> words) const {
+    std::fill(words.begin(), words.end(), 0);
+    for (std::size_t t = 0; t < vocab; ++t) {
+      if ((static_cast<int>(t) + at) % 3 != 0) specdec::mask_set(words, static_cast<token_id>(t));
+    }
+  }
+};
+
+/// A PrefixModel as a LanguageModel of float rows (what engines return).
+struct FloatModel {
+  std::vector<std::vector<float>> rows;
+  std::size_t vocab = 0;
+  [[nodiscard]] std::size_t vocab_size() const { return vocab; }
+  std::span<const float> next_token_probabilities(std::span<const token_id> context) {
+    std::size_t key = context.size() * 7;
+    if (!context.empty()) key += 3 * static_cast<std::size_t>(context.back());
+    return rows[key % rows.size()];
+  }
+};
+
+FloatModel float_model(std::size_t size, std::uint64_t seed) {
+  specdec::xoshiro256pp g(seed);
+  FloatModel model{{}, size};
+  for (int k = 0; k < 13; ++k) {
+    const auto row = specdec::testing::random_row(size, g, 0.0);
+    model.rows.emplace_back(row.begin(), row.end());
+  }
+  return model;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "Constrained greedy decoding: speculative output equals plain greedy decoding of the "
+    "constrained target, for model drafts, trees and proposal drafters",
+    "[constrained][greedy]") {
+  constexpr std::size_t v = 40;
+  FloatModel target_model = float_model(v, 5);
+  FloatModel draft_model = float_model(v, 6);
+  const BiasOptions bias{{{7, 2.0}, {11, -3.0}}, {13, 14}};
+  ConstrainedSampling<ModuloAutomaton> rules(v, ModuloAutomaton{v}, bias);
+  auto target = rules.target(target_model);
+  auto draft = rules.draft(draft_model);
+  const std::vector<token_id> start = {3, 9, 1};
+  constexpr std::size_t length = 60;
+  // Plain greedy decoding of the constrained target.
+  rules.start(start);
+  std::vector<token_id> context = start;
+  for (std::size_t i = 0; i < length; ++i) {
+    const auto row = target.next_token_probabilities(context);
+    context.push_back(
+        static_cast<token_id>(std::max_element(row.begin(), row.end()) - row.begin()));
+  }
+  const std::vector<token_id> plain(context.begin() + 3, context.end());
+  CHECK(std::find(plain.begin(), plain.end(), 13) == plain.end());
+  DecoderOptions options;
+  options.sampling.temperature = 0.0;
+  options.gamma_policy = specdec::FixedGamma{3};
+  {
+    rules.start(start);
+    specdec::SpeculativeDecoder decoder(target, draft, options);
+    CHECK(decoder.generate(start, length, 1).tokens == plain);
+  }
+  {
+    DecoderOptions tree = options;
+    const std::vector<std::size_t> shape{3, 2};
+    tree.tree_shape = specdec::TreeShape::branching(shape);
+    rules.start(start);
+    specdec::SpeculativeDecoder decoder(target, draft, tree);
+    CHECK(decoder.generate(start, length, 2).tokens == plain);
+  }
+  {
+    specdec::testing::CountingUpDrafter proposer{v};  // mostly forbidden or wrong proposals
+    rules.start(start);
+    specdec::SpeculativeDecoder decoder(target, proposer, options);
+    CHECK(decoder.generate(start, length, 3).tokens == plain);
+  }
+}
+
+TEST_CASE(
+    "Constrained sampling states, fuzzed: the mask and the row after any context equal a "
+    "fresh walk from the start, whatever contexts came before (branches, rollbacks, "
+    "forbidden tokens)",
+    "[constrained][fuzz]") {
+  constexpr std::size_t v = 40;
+  FloatModel model = float_model(v, 8);
+  const BiasOptions bias{{{4, 1.0}, {5, -100.0}, {6, -std::numeric_limits<double>::infinity()}},
+                         {7}};
+  ConstrainedSampling<ModuloAutomaton> walked(v, ModuloAutomaton{v}, bias, 4);
+  const std::vector<token_id> start = {2, 2};
+  walked.start(start);
+  specdec::xoshiro256pp g(99);
+  std::vector<token_id> context = start;
+  std::vector<float> a(v), b(v);
+  std::size_t dead = 0;
+  for (int iteration = 0; iteration < 20000; ++iteration) {
+    // Move: cut back a few tokens (a rejection, another branch) and extend by a few, now and
+    // then with a forbidden token.
+    const std::size_t cut = specdec::uniform_below(g, 4);
+    context.resize(std::max(start.size(), context.size() - std::min(cut, context.size())));
+    const std::size_t grow = specdec::uniform_below(g, 4);
+    for (std::size_t k = 0; k < grow; ++k) {
+      context.push_back(static_cast<token_id>(specdec::uniform_below(g, v)));
+    }
+    if (context.size() > 40) context.resize(start.size() + 2);
+    ConstrainedSampling<ModuloAutomaton> fresh(v, ModuloAutomaton{v}, bias);
+    fresh.start(start);
+    const auto expected = fresh.mask(context);
+    const auto got = walked.mask(context);
+    REQUIRE(got.size() == expected.size());
+    REQUIRE(std::equal(got.begin(), got.end(), expected.begin()));
+    if (got.empty()) {
+      ++dead;
+      continue;
+    }
+    REQUIRE(walked.constraint().state() == fresh.constraint().state());
+    const auto row = model.next_token_probabilities(context);
+    walked.apply(std::span<const token_id>(context), row, std::span<float>(a),
+                 specdec::model_role::target);
+    fresh.apply(std::span<const token_id>(context), row, std::span<float>(b),
+                specdec::model_role::target);
+    REQUIRE(a == b);
+    REQUIRE(a[6] == 0.0F);
+    REQUIRE(a[7] == 0.0F);
+  }
+  CHECK(dead > 1000);  // forbidden tokens were met often
+  CHECK(dead < 19000);
+}
+
+TEST_CASE(
+    "Constrained decoding allocates nothing per step once warm, with a bitmask constraint "
+    "(TokenDfa) and a logit bias",
+    "[constrained][allocation]") {
+  // A vocabulary of letters, merged pieces and an end token.
+  const std::vector<std::string> strings = {"a", "b", "c", "d", "ab", "ba", "cd", "abc", ""};
+  const std::vector<token_id> end = {8};
+  const specdec::ByteDfa dfa = specdec::ByteDfa::compile("((ab|c)*d)+");
+  FloatModel target_model = float_model(strings.size(), 21);
+  FloatModel draft_model = float_model(strings.size(), 22);
+  const BiasOptions bias{{{2, 1.0}}, {}};
+  ConstrainedSampling<specdec::TokenDfa> rules(strings.size(), specdec::TokenDfa(dfa, strings, end),
+                                               bias);
+  auto target = rules.target(target_model);
+  auto draft = rules.draft(draft_model);
+  DecoderOptions options;
+  options.gamma_policy = specdec::FixedGamma{3};
+  specdec::SpeculativeDecoder decoder(target, draft, options);
+  std::vector<token_id> context = {0};
+  context.reserve(8192);
+  decoder.reserve(8192);
+  rules.reserve(8192);
+  rules.start(context);
+  specdec::xoshiro256pp g(4);
+  const auto run = [&](std::size_t steps) {
+    for (std::size_t s = 0; s < steps; ++s) {
+      const auto result = decoder.step(context, g);
+      context.insert(context.end(), result.tokens.begin(), result.tokens.end());
+    }
+  };
+  run(20);
+  specdec::testing::AllocationCounter counter;
+  run(200);
+  const std::size_t allocations = counter.stop();
+  CHECK(allocations == 0);
+  // The text obeys the pattern: up to the first end token, a prefix of a full match.
+  std::string text;
+  bool ended = false;
+  for (std::size_t i = 1; i < context.size(); ++i) {
+    if (context[i] == 8) {
+      ended = true;
+      break;
+    }
+    text += strings[static_cast<std::size_t>(context[i])];
+  }
+  if (ended) CHECK(dfa.matches(text));
+}
+
+// ---------------------------------------------------------------------------------------
+// Catalogue rows K1-K8 (docs/errors.md, "Constrained sampling")
+// ---------------------------------------------------------------------------------------
+
+using specdec::errc;
+using specdec::testing::check_error;
+
+TEST_CASE("K1 ConstrainedSampling: bad bias options or vocabulary size", "[errors][constrained]") {
+  check_error(
+      "K1",
+      [] {
+        ConstrainedSampling<> rules(4, {}, BiasOptions{{{4, 1.0}}, {}});
+      },
+      errc::invalid_token, "logit_bias[0]: token id 4 is outside the vocabulary [0, 4)");
+  check_error(
+      "K1",
+      [] {
+        ConstrainedSampling<> rules(4, {}, BiasOptions{{}, {0, -1}});
+      },
+      errc::invalid_token, "banned_tokens[1]: token id -1");
+  check_error(
+      "K1",
+      [] {
+        ConstrainedSampling<> rules(
+            4, {}, BiasOptions{{{1, std::numeric_limits<double>::quiet_NaN()}}, {}});
+      },
+      errc::invalid_option, "logit_bias[0] (token 1): bias nan must be in [-100, 100]");
+  check_error(
+      "K1",
+      [] {
+        ConstrainedSampling<> rules(4, {}, BiasOptions{{{1, 101.0}}, {}});
+      },
+      errc::invalid_option, "bias 101 must be in [-100, 100] or -infinity");
+  check_error(
+      "K1", [] { ConstrainedSampling<> rules(0); }, errc::invalid_size,
+      "vocab_size must be positive");
+}
+
+TEST_CASE("K2 Constrained models asked for rows before start() or after another prompt",
+          "[errors][constrained]") {
+  FloatModel target_model = float_model(6, 1);
+  FloatModel draft_model = float_model(6, 2);
+  ConstrainedSampling<> rules(6);
+  auto target = rules.target(target_model);
+  auto draft = rules.draft(draft_model);
+  specdec::SpeculativeDecoder decoder(target, draft);
+  const std::vector<token_id> prompt_a = {1, 2}, prompt_b = {2, 1};
+  check_error(
+      "K2", [&] { (void)decoder.generate(prompt_a, 5, 1); }, errc::model_failure,
+      "start(prompt) must be called before the models are asked for rows");
+  rules.start(prompt_a);
+  check_error(
+      "K2", [&] { (void)decoder.generate(prompt_b, 5, 1); }, errc::model_failure,
+      "does not begin with the prompt of 2 tokens given to start()");
+}
+
+TEST_CASE("K3 ConstrainedModel: the model's vocabulary differs from the constraint's",
+          "[errors][constrained]") {
+  FloatModel model = float_model(6, 1);
+  ConstrainedSampling<> rules(7);
+  check_error(
+      "K3", [&] { (void)rules.target(model); }, errc::vocab_mismatch,
+      "the target model's vocab_size 6 differs from the constraint's 7");
+}
+
+TEST_CASE(
+    "K4 Constraint dead end in the target: no allowed token has probability; the tokens "
+    "generated before it are kept",
+    "[errors][constrained]") {
+  // The target gives token 3 no probability; the constraint allows only token 3 after
+  // token 0.
+  struct OnlyThreeAfterZero {
+    using state_type = int;
+    int last = -1;
+    [[nodiscard]] int state() const { return last; }
+    void restore(int s) { last = s; }
+    bool advance(token_id t) {
+      if (last == 0 && t != 3) return false;
+      last = t;
+      return true;
+    }
+    void allowed_tokens(std::span<std::uint64_t> words) const {
+      words[0] = last == 0 ? 0x8U : 0xFU;
+    }
+  };
+  struct NoThree {
+    [[nodiscard]] std::size_t vocab_size() const { return 4; }
+    std::span<const double> next_token_probabilities(std::span<const token_id> context) {
+      row = {context.size() > 4 ? 0.9 : 0.05, 0.5, 0.45, 0.0};
+      const double total = row[0] + row[1] + row[2];
+      for (double& x : row) x /= total;
+      return row;
+    }
+    std::vector<double> row;
+  };
+  NoThree target_model, draft_model;
+  ConstrainedSampling<OnlyThreeAfterZero> rules(4);
+  auto target = rules.target(target_model);
+  auto draft = rules.draft(draft_model);
+  const std::vector<token_id> start = {1, 1};
+  rules.start(start);
+  DecoderOptions options;
+  options.gamma_policy = specdec::FixedGamma{2};
+  specdec::SpeculativeDecoder decoder(target, draft, options);
+  std::vector<token_id> kept;
+  const std::string what = check_error(
+      "K4",
+      [&] {
+        try {
+          (void)decoder.generate(start, 50, 5);
+        } catch (const specdec::decoding_error& e) {
+          kept.assign(e.tokens().begin(), e.tokens().end());
+          throw;
+        }
+      },
+      errc::model_failure, "constraint dead end at generated position");
+  CHECK_THAT(what, Catch::Matchers::ContainsSubstring("model gives probability 0 to all 1 tokens"));
+  // Everything before the dead end was emitted and kept: the position where token 0 came.
+  REQUIRE(!kept.empty());
+  CHECK(kept.back() == 0);
+}
+
+TEST_CASE("K5 A constraint state that allows no token (after the banned tokens)",
+          "[errors][constrained]") {
+  struct AllowsOnlyTwo {
+    using state_type = int;
+    [[nodiscard]] int state() const { return 0; }
+    void restore(int) {}
+    bool advance(token_id t) { return t == 2; }
+    void allowed_tokens(std::span<std::uint64_t> words) const { words[0] = 0x4U; }
+  };
+  FloatModel model = float_model(6, 3);
+  ConstrainedSampling<AllowsOnlyTwo> rules(6, {}, BiasOptions{{}, {2}});
+  const std::vector<token_id> start = {0};
+  rules.start(start);
+  std::vector<float> out(6);
+  for (const auto role : {specdec::model_role::target, specdec::model_role::draft}) {
+    check_error(
+        "K5",
+        [&] {
+          rules.apply(std::span<const token_id>(start), model.next_token_probabilities(start),
+                      std::span<float>(out), role);
+        },
+        errc::zero_mass,
+        "constraint dead end at generated position 0 (context of 1 tokens): "
+        "the constraint allows no token");
+  }
+}
+
+TEST_CASE(
+    "K6 A NaN, negative or infinite entry at an allowed token; a bad entry at a forbidden "
+    "token is never read",
+    "[errors][constrained]") {
+  ConstrainedSampling<specdec::Unconstrained> rules(70, {}, BiasOptions{{}, {5}});
+  const std::vector<token_id> start = {0};
+  rules.start(start);
+  std::vector<float> row(70, 1.0F / 70.0F), out(70);
+  const auto apply = [&] {
+    rules.apply(std::span<const token_id>(start), std::span<const float>(row),
+                std::span<float>(out), specdec::model_role::draft);
+  };
+  row[66] = std::numeric_limits<float>::quiet_NaN();
+  check_error("K6", apply, errc::invalid_probability,
+              "constrained draft row at generated position 0, token 66: probability is nan");
+  row[66] = -0.25F;
+  check_error("K6", apply, errc::invalid_probability, "token 66: probability is -0.25");
+  row[66] = 1.0F / 70.0F;
+  row[3] = std::numeric_limits<float>::infinity();
+  check_error("K6", apply, errc::invalid_probability, "token 3: probability is inf");
+  row[3] = 1.0F / 70.0F;
+  row[5] = std::numeric_limits<float>::quiet_NaN();  // banned: never read
+  apply();
+  CHECK(out[5] == 0.0F);
+}
+
+TEST_CASE("K7 A model row whose length is not the vocabulary size", "[errors][constrained]") {
+  struct ShortRows {
+    [[nodiscard]] std::size_t vocab_size() const { return 5; }
+    std::span<const float> next_token_probabilities(std::span<const token_id>) { return row; }
+    std::vector<float> row{0.5F, 0.5F};
+  };
+  ShortRows model;
+  ConstrainedSampling<> rules(5);
+  auto target = rules.target(model);
+  const std::vector<token_id> start = {0};
+  rules.start(start);
+  check_error(
+      "K7", [&] { (void)target.next_token_probabilities(start); }, errc::invalid_size,
+      "constrained target row: 2 entries, expected vocab_size 5");
 }

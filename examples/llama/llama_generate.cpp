@@ -4,20 +4,27 @@
 //   llama_generate --model target.gguf --draft draft.gguf --prompt "def main():" -n 64
 //   llama_generate --model m.gguf --drafter prompt-lookup --temperature 0 --stats
 //   llama_generate --model m.gguf --plain --ids --seed 3
+//   llama_generate --prompt "print(" --balanced --seed 2
+//   llama_generate --prompt "def" --regex ' [a-z_]+\(([a-z_]+(, [a-z_]+)*)?\):' --temperature 0
 //
 // Run with --help for every option. The generated text goes to stdout (the prompt first);
 // --stats prints the measurements to stderr.
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "llama/constraints.hpp"
 #include "llama/generate.hpp"
+#include "specdec/constrained_model.hpp"
 #include "specdec/error.hpp"
+#include "specdec/token_dfa.hpp"
 
 #ifndef SPECDEC_LLAMA_MODELS
 #define SPECDEC_LLAMA_MODELS "examples/llama/models"
@@ -63,6 +70,24 @@ prompt and sampling:
                        recursive rejection for trees) or block
   --ignore-eos         do not stop at the end-of-sequence token
 
+constrained sampling (applied alike to the target's and the draft model's rows; plain
+decoding draws from the same constrained target rows; combinable with every drafter):
+  --regex PATTERN      the generated text (not the prompt) must match PATTERN in full:
+                       </s> is allowed exactly where the text so far is a full match, and
+                       generation stops at it. Syntax (over bytes): literals, ., [...]
+                       [^...], \d \w \s (\D \W \S), \n \t \xHH, groups (...) (?:...), |,
+                       * + ? {m} {m,} {m,n}; no anchors (the whole text always matches)
+  --balanced           keep the brackets ()[]{} valid: generate until the brackets left
+                       open (by the prompt or by the generated text) are closed, then </s>
+                       (</s> is also allowed while no bracket is open). Every bracket byte
+                       counts, also inside string literals; at most 32 open
+  --logit-bias ID=B    add B (in [-100, 100], or -inf to ban) to token ID's logit before
+                       temperature and truncation; repeatable or a comma list: 13=2,40=-1
+  --ban ID             never generate token ID; repeatable or a comma list
+  (--regex and --balanced may be combined; a state where they allow no common token is
+  reported as an error. Both need the SentencePiece tokenizer and </s>, and end at </s>:
+  not with --ignore-eos)
+
 output:
   --ids                print only the generated token ids, space-separated, one line
   --stats              print alpha, tokens per target call, tokens/s, ... to stderr
@@ -80,6 +105,14 @@ struct Arguments {
   std::uint64_t seed = 0;
   std::vector<std::size_t> tree_shape;
   specdec::verification_rule verification = specdec::verification_rule::automatic;
+  std::string regex;
+  std::optional<specdec::ByteDfa> dfa;  // --regex, compiled
+  bool balanced = false;
+  std::vector<specdec::LogitBias> logit_bias;
+  std::vector<std::size_t> banned;
+  [[nodiscard]] bool constrained() const {
+    return dfa.has_value() || balanced || !logit_bias.empty() || !banned.empty();
+  }
 };
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -117,6 +150,35 @@ std::vector<std::size_t> parse_list(std::string_view flag, std::string text) {
   while (in >> item) out.push_back(parse_size(flag, item));
   if (out.empty()) usage_error(std::string(flag) + " expects a list of integers");
   return out;
+}
+
+// "ID=B" items, comma- or space-separated.
+void parse_logit_bias(const std::string& text, std::vector<specdec::LogitBias>& out) {
+  std::string items = text;
+  for (char& c : items) {
+    if (c == ',') c = ' ';
+  }
+  std::istringstream in(items);
+  std::string item;
+  bool any = false;
+  while (in >> item) {
+    const std::size_t equals = item.find('=');
+    if (equals == std::string::npos || equals == 0 || equals + 1 == item.size()) {
+      usage_error("--logit-bias expects ID=BIAS items (e.g. 13=-2.5,40=1), got \"" + item + "\"");
+    }
+    const std::size_t id = parse_size("--logit-bias (token id)", item.substr(0, equals));
+    const double bias = parse_real("--logit-bias (bias)", item.substr(equals + 1));
+    if (!(bias == -std::numeric_limits<double>::infinity() || (bias >= -100.0 && bias <= 100.0))) {
+      usage_error("--logit-bias: the bias of token " + std::to_string(id) + " is " +
+                  item.substr(equals + 1) + ", it must be in [-100, 100] or -inf");
+    }
+    if (id > static_cast<std::size_t>(std::numeric_limits<specdec::token_id>::max())) {
+      usage_error("--logit-bias: token id " + std::to_string(id) + " is too large");
+    }
+    out.push_back({static_cast<specdec::token_id>(id), bias});
+    any = true;
+  }
+  if (!any) usage_error("--logit-bias expects ID=BIAS items (e.g. 13=-2.5)");
 }
 
 Arguments parse(int argc, char** argv) {
@@ -186,6 +248,19 @@ Arguments parse(int argc, char** argv) {
       a.stats = true;
     } else if (flag == "--ignore-eos") {
       a.ignore_eos = true;
+    } else if (flag == "--regex") {
+      a.regex = value();
+      try {
+        a.dfa.emplace(specdec::ByteDfa::compile(a.regex));
+      } catch (const specdec::error& failure) {
+        usage_error(std::string("--regex: ") + failure.what());
+      }
+    } else if (flag == "--balanced") {
+      a.balanced = true;
+    } else if (flag == "--logit-bias") {
+      parse_logit_bias(value(), a.logit_bias);
+    } else if (flag == "--ban") {
+      for (const std::size_t id : parse_list(flag, value())) a.banned.push_back(id);
     } else {
       usage_error("unknown option " + flag);
     }
@@ -206,6 +281,10 @@ Arguments parse(int argc, char** argv) {
   }
   if (!a.tree_shape.empty() && *a.drafter != llama::drafter_kind::tree) {
     usage_error("--tree-shape is for --drafter tree");
+  }
+  if ((a.dfa || a.balanced) && a.ignore_eos) {
+    usage_error(std::string(a.dfa ? "--regex" : "--balanced") +
+                " ends the text with </s>: it cannot be combined with --ignore-eos");
   }
   return a;
 }
@@ -243,6 +322,77 @@ class TextStream {
   const llama::Tokenizer* tokenizer_;
   std::string pending_;
 };
+
+using Rules = specdec::ConstrainedSampling<llama::TextConstraint>;
+
+// The constrained sampling of --regex, --balanced, --logit-bias and --ban: one
+// ConstrainedSampling whose adapters wrap the target and the draft model. Bad ids and
+// patterns no token sequence can complete are usage errors.
+Rules make_rules(const Arguments& a, const llama::Model& model,
+                 std::span<const specdec::token_id> prompt) {
+  const std::size_t vocab = model.config().vocab;
+  const auto check_id = [&](std::string_view flag, std::size_t id) {
+    if (id >= vocab) {
+      usage_error(std::string(flag) + ": token id " + std::to_string(id) +
+                  " is outside the vocabulary of " + std::to_string(vocab) + " tokens");
+    }
+    return static_cast<specdec::token_id>(id);
+  };
+  specdec::BiasOptions bias;
+  for (const specdec::LogitBias& entry : a.logit_bias) {
+    check_id("--logit-bias", static_cast<std::size_t>(entry.token));
+    bias.logit_bias.push_back(entry);
+  }
+  for (const std::size_t id : a.banned) bias.banned_tokens.push_back(check_id("--ban", id));
+  std::optional<specdec::TokenDfa> regex;
+  std::optional<llama::BalancedBrackets> brackets;
+  if (a.dfa || a.balanced) {
+    const char* flag = a.dfa ? "--regex" : "--balanced";
+    const llama::Tokenizer& tokenizer = model.tokenizer();
+    if (!tokenizer.encodes_text()) {
+      usage_error(std::string(flag) +
+                  " needs the SentencePiece (\"llama\") tokenizer: this model's token texts are "
+                  "not the bytes they decode to");
+    }
+    if (!tokenizer.eos()) usage_error(std::string(flag) + " needs an end-of-sequence token");
+    const std::vector<std::string> strings = llama::token_strings(tokenizer);
+    const std::array<specdec::token_id, 1> ends{*tokenizer.eos()};
+    if (a.dfa) {
+      try {
+        regex.emplace(*a.dfa, strings, ends);
+      } catch (const specdec::error& failure) {
+        usage_error("--regex \"" + a.regex + "\": " + failure.what());
+      }
+    }
+    if (a.balanced) {
+      try {
+        // The brackets the prompt leaves open have to be closed too.
+        brackets.emplace(strings, ends, tokenizer.decode(prompt));
+      } catch (const std::invalid_argument& failure) {
+        usage_error(std::string("--balanced: ") + failure.what());
+      }
+    }
+  }
+  return Rules(vocab, llama::TextConstraint(std::move(regex), std::move(brackets)),
+               std::move(bias));
+}
+
+std::string describe(const Arguments& a, const Rules& rules) {
+  std::string out;
+  const auto add = [&out](const std::string& part) { out += (out.empty() ? "" : ", ") + part; };
+  const llama::TextConstraint& c = rules.constraint();
+  if (c.regex()) {
+    add("regex \"" + a.regex + "\" (" + std::to_string(c.regex()->state_count()) +
+        " token-automaton states)");
+  }
+  if (c.brackets()) {
+    add("balanced brackets (" + std::to_string(c.brackets()->bracket_token_count()) + " of " +
+        std::to_string(c.brackets()->vocab_size()) + " tokens contain one)");
+  }
+  if (!a.logit_bias.empty()) add(std::to_string(a.logit_bias.size()) + " logit biases");
+  if (!a.banned.empty()) add(std::to_string(a.banned.size()) + " banned tokens");
+  return out;
+}
 
 void print_ids(std::span<const specdec::token_id> tokens) {
   for (std::size_t i = 0; i < tokens.size(); ++i) std::printf("%s%d", i ? " " : "", tokens[i]);
@@ -283,6 +433,8 @@ int main(int argc, char** argv) {
       prompt = tokenizer.encode(a.prompt);
     }
     if (prompt.empty()) usage_error("the prompt is empty (the model has no BOS token)");
+    std::optional<Rules> rules;
+    if (a.constrained()) rules.emplace(make_rules(a, target_model, prompt));
 
     llama::RunOptions options;
     options.sampling.temperature = a.temperature;
@@ -313,9 +465,16 @@ int main(int argc, char** argv) {
     if (draft_model) draft.emplace(*draft_model, a.ctx, &pool);
     llama::RunResult result;
     try {
-      result = a.plain ? llama::generate_plain(target, prompt, options)
-                       : llama::generate_speculative(target, draft ? &*draft : nullptr, *a.drafter,
-                                                     prompt, options);
+      llama::Engine* draft_engine = draft ? &*draft : nullptr;
+      if (rules) {  // plain decoding draws from the same constrained target rows
+        result = a.plain ? llama::generate_plain_constrained(target, *rules, prompt, options)
+                         : llama::generate_speculative_constrained(target, draft_engine, *a.drafter,
+                                                                   *rules, prompt, options);
+      } else {
+        result = a.plain ? llama::generate_plain(target, prompt, options)
+                         : llama::generate_speculative(target, draft_engine, *a.drafter, prompt,
+                                                       options);
+      }
     } catch (const std::exception& failure) {
       // Keep what was generated before the failure.
       if (a.ids) {
@@ -334,12 +493,20 @@ int main(int argc, char** argv) {
       text.finish();
       std::printf("\n");
     }
+    if ((a.dfa || a.balanced) && result.stop != specdec::stop_reason::stop_token) {
+      std::fflush(stdout);
+      std::fprintf(stderr,
+                   "llama_generate: note: stopped after %zu tokens (-n) before the constraint "
+                   "ended the text with </s>: the text is incomplete\n",
+                   result.tokens.size());
+    }
     if (a.stats) {
       const auto& s = result.statistics;
       std::fprintf(
           stderr, "mode: %s\n",
           a.plain ? "plain"
                   : ("speculative, drafter " + std::string(llama::to_string(*a.drafter))).c_str());
+      if (rules) std::fprintf(stderr, "constraint: %s\n", describe(a, *rules).c_str());
       std::fprintf(stderr, "threads: %zu\n", pool.size());
       std::fprintf(stderr, "tokens: %zu in %.3f s: %.1f tokens/s (stop: %s)\n",
                    result.tokens.size(), result.seconds, result.tokens_per_second(),

@@ -61,6 +61,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <span>
 #include <string>
@@ -119,6 +120,140 @@ struct BiasOptions {
 /// Which model an adapter wraps: a draft row at a dead end becomes uniform over the
 /// allowed tokens, a target row there is an error.
 enum class model_role { target, draft };
+
+namespace detail {
+
+#if defined(__GNUC__) || defined(__clang__)
+using mask_pack_f [[gnu::vector_size(16)]] = float;
+using mask_pack_u [[gnu::vector_size(16)]] = std::uint32_t;
+using mask_pack_i [[gnu::vector_size(16)]] = std::int32_t;
+
+/// Lane masks of a 4-bit nibble of a token bitmask (lane j: all ones if bit j is set).
+[[nodiscard]] inline mask_pack_u nibble_lanes(std::uint64_t nibble) noexcept {
+  alignas(16) static constexpr std::uint32_t table[16][4] = {
+      {0, 0, 0, 0},     {~0U, 0, 0, 0},     {0, ~0U, 0, 0},     {~0U, ~0U, 0, 0},
+      {0, 0, ~0U, 0},   {~0U, 0, ~0U, 0},   {0, ~0U, ~0U, 0},   {~0U, ~0U, ~0U, 0},
+      {0, 0, 0, ~0U},   {~0U, 0, 0, ~0U},   {0, ~0U, 0, ~0U},   {~0U, ~0U, 0, ~0U},
+      {0, 0, ~0U, ~0U}, {~0U, 0, ~0U, ~0U}, {0, ~0U, ~0U, ~0U}, {~0U, ~0U, ~0U, ~0U}};
+  mask_pack_u lanes;
+  std::memcpy(&lanes, table[nibble], sizeof lanes);
+  return lanes;
+}
+#endif
+
+/// Sum (in double) of the entries of `row` whose bit is set in `words`; `bad` is set when
+/// one of them is NaN or negative. Blocks whose word is 0 are not read.
+template <ProbabilityScalar U>
+[[nodiscard]] double masked_sum(std::span<const U> row, std::span<const std::uint64_t> words,
+                                bool& bad) noexcept {
+  const std::size_t full = row.size() / 64;
+  double sum = 0.0;
+  std::size_t w = 0;
+#if defined(__GNUC__) || defined(__clang__)
+  if constexpr (std::same_as<U, float>) {
+    mask_pack_i flags{};
+    for (; w < full; ++w) {
+      const std::uint64_t bits = words[w];
+      if (bits == 0) continue;
+      const float* x = row.data() + 64 * w;
+      mask_pack_f a0{}, a1{}, a2{}, a3{};
+      const bool all = bits == ~std::uint64_t{0};  // no lane masks needed
+      for (std::size_t k = 0; k < 16; k += 4) {
+        mask_pack_f y0, y1, y2, y3;
+        std::memcpy(&y0, x + 4 * k, sizeof y0);
+        std::memcpy(&y1, x + 4 * k + 4, sizeof y1);
+        std::memcpy(&y2, x + 4 * k + 8, sizeof y2);
+        std::memcpy(&y3, x + 4 * k + 12, sizeof y3);
+        if (!all) {
+          y0 = reinterpret_cast<mask_pack_f>(reinterpret_cast<mask_pack_u>(y0) &
+                                             nibble_lanes((bits >> (4 * k)) & 15U));
+          y1 = reinterpret_cast<mask_pack_f>(reinterpret_cast<mask_pack_u>(y1) &
+                                             nibble_lanes((bits >> (4 * k + 4)) & 15U));
+          y2 = reinterpret_cast<mask_pack_f>(reinterpret_cast<mask_pack_u>(y2) &
+                                             nibble_lanes((bits >> (4 * k + 8)) & 15U));
+          y3 = reinterpret_cast<mask_pack_f>(reinterpret_cast<mask_pack_u>(y3) &
+                                             nibble_lanes((bits >> (4 * k + 12)) & 15U));
+        }
+        // NaN and negative entries: !(y >= 0) (a masked-out lane is +0).
+        flags |= ~(y0 >= 0.0F) | ~(y1 >= 0.0F) | ~(y2 >= 0.0F) | ~(y3 >= 0.0F);
+        a0 += y0;
+        a1 += y1;
+        a2 += y2;
+        a3 += y3;
+      }
+      const mask_pack_f a = (a0 + a1) + (a2 + a3);
+      sum += static_cast<double>((a[0] + a[1]) + (a[2] + a[3]));
+    }
+    bad = bad || (flags[0] | flags[1] | flags[2] | flags[3]) != 0;
+  }
+#endif
+  for (; w < words.size(); ++w) {
+    const std::uint64_t bits = words[w];
+    if (bits == 0) continue;
+    const std::size_t first = 64 * w;
+    const std::size_t last = std::min(first + 64, row.size());
+    double s = 0.0;
+    for (std::size_t i = first; i < last; ++i) {
+      if (((bits >> (i - first)) & 1U) == 0) continue;
+      const U x = row[i];
+      bad = bad || !(x >= U(0));
+      s += static_cast<double>(x);
+    }
+    sum += s;
+  }
+  return sum;
+}
+
+/// out[i] = row[i] * scale where bit i of `words` is set, else 0.
+template <ProbabilityScalar U, ProbabilityScalar T>
+void masked_scale(std::span<const U> row, std::span<const std::uint64_t> words, double scale,
+                  std::span<T> out) noexcept {
+  const std::size_t full = row.size() / 64;
+  std::size_t w = 0;
+#if defined(__GNUC__) || defined(__clang__)
+  if constexpr (std::same_as<U, float> && std::same_as<T, float>) {
+    const auto s = static_cast<float>(scale);
+    const mask_pack_f factor{s, s, s, s};
+    for (; w < full; ++w) {
+      const std::uint64_t bits = words[w];
+      float* y = out.data() + 64 * w;
+      if (bits == 0) {
+        std::memset(y, 0, 64 * sizeof(float));
+        continue;
+      }
+      const float* x = row.data() + 64 * w;
+      if (bits == ~std::uint64_t{0}) {
+        for (std::size_t k = 0; k < 16; ++k) {
+          mask_pack_f v;
+          std::memcpy(&v, x + 4 * k, sizeof v);
+          v *= factor;
+          std::memcpy(y + 4 * k, &v, sizeof v);
+        }
+        continue;
+      }
+      for (std::size_t k = 0; k < 16; ++k) {
+        mask_pack_f v;
+        std::memcpy(&v, x + 4 * k, sizeof v);
+        v = reinterpret_cast<mask_pack_f>(reinterpret_cast<mask_pack_u>(v) &
+                                          nibble_lanes((bits >> (4 * k)) & 15U)) *
+            factor;
+        std::memcpy(y + 4 * k, &v, sizeof v);
+      }
+    }
+  }
+#endif
+  for (; w < words.size(); ++w) {
+    const std::uint64_t bits = words[w];
+    const std::size_t first = 64 * w;
+    const std::size_t last = std::min(first + 64, row.size());
+    for (std::size_t i = first; i < last; ++i) {
+      const bool keep = ((bits >> (i - first)) & 1U) != 0;
+      out[i] = keep ? static_cast<T>(static_cast<double>(row[i]) * scale) : T(0);
+    }
+  }
+}
+
+}  // namespace detail
 
 template <class M, class C>
 class ConstrainedModel;
@@ -184,7 +319,6 @@ class ConstrainedSampling {
     }
     for (auto& f : factors_) f.second = std::exp(std::clamp(f.second, -700.0, 700.0));
     std::sort(factors_.begin(), factors_.end());
-    bias_values_.reserve(factors_.size());
     masks_.assign(slots_ * words_, 0);
     slot_depth_.assign(slots_, npos);
   }
@@ -314,84 +448,33 @@ class ConstrainedSampling {
       std::copy(row.begin(), row.end(), out.begin());
       return;
     }
-    double sum = 0.0;
+    // Pass 1 reads the allowed entries (their sum, and whether one is NaN or negative);
+    // pass 2 writes the row scaled by 1 / mass. Blocks of 64 forbidden tokens are not read.
     bool bad = false;
-    for (std::size_t w = 0; w < words_; ++w) {
-      const std::uint64_t bits = words[w];
-      const std::size_t first = w * 64;
-      const std::size_t last = std::min(first + 64, vocab_);
-      if (bits == 0) {
-        std::fill(out.begin() + static_cast<std::ptrdiff_t>(first),
-                  out.begin() + static_cast<std::ptrdiff_t>(last), T(0));
-      } else if (bits == ~std::uint64_t{0}) {
-        double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
-        std::size_t i = first;
-        for (; i + 4 <= last; i += 4) {
-          const U a = row[i], b = row[i + 1], c = row[i + 2], d = row[i + 3];
-          bad |= !(a >= U(0)) | !(b >= U(0)) | !(c >= U(0)) | !(d >= U(0));
-          out[i] = static_cast<T>(a);
-          out[i + 1] = static_cast<T>(b);
-          out[i + 2] = static_cast<T>(c);
-          out[i + 3] = static_cast<T>(d);
-          s0 += static_cast<double>(a);
-          s1 += static_cast<double>(b);
-          s2 += static_cast<double>(c);
-          s3 += static_cast<double>(d);
-        }
-        for (; i < last; ++i) {
-          bad |= !(row[i] >= U(0));
-          out[i] = static_cast<T>(row[i]);
-          s0 += static_cast<double>(row[i]);
-        }
-        sum += (s0 + s1) + (s2 + s3);
-      } else {
-        for (std::size_t i = first; i < last; ++i) {
-          const bool keep = ((bits >> (i - first)) & 1U) != 0;
-          const U x = row[i];
-          bad |= keep & !(x >= U(0));
-          const T v = keep ? static_cast<T>(x) : T(0);
-          out[i] = v;
-          sum += static_cast<double>(v);
-        }
-      }
-    }
+    const double sum = detail::masked_sum(row, words, bad);
     if (bad || !std::isfinite(sum)) report_bad_entry(row, words, who, position);
     // The bias, in double: a biased entry may exceed T's range before normalisation.
     double biased = sum;
     for (const auto& [t, factor] : factors_) {
       if (!mask_test(words, t)) continue;
-      const auto i = static_cast<std::size_t>(t);
-      biased += static_cast<double>(out[i]) * factor - static_cast<double>(out[i]);
+      const auto x = static_cast<double>(row[static_cast<std::size_t>(t)]);
+      biased += x * factor - x;
     }
-    if (!(biased > 0.0) || !std::isfinite(biased)) {
-      if (!(biased > 0.0)) {
-        dead_end(words, out, who, position, role, context.size());
-        return;
-      }
+    if (!(biased > 0.0)) {
+      dead_end(words, out, who, position, role, context.size());
+      return;
+    }
+    if (!std::isfinite(biased)) {
       detail::throw_error(errc::invalid_probability, "constrained ", who,
                           " row at generated position ", position,
                           ": the logit bias makes the row's mass overflow");
     }
     const double scale = 1.0 / biased;
-    std::vector<double>& kept = bias_values_;
-    kept.clear();
+    detail::masked_scale(row, words, scale, out);
     for (const auto& [t, factor] : factors_) {
-      if (mask_test(words, t))
-        kept.push_back(static_cast<double>(out[static_cast<std::size_t>(t)]) * factor);
-    }
-    if (scale != 1.0) {
-      const T s = static_cast<T>(scale);
-      if constexpr (std::same_as<T, double>) {
-        for (T& x : out) x *= s;
-      } else {
-        for (std::size_t i = 0; i < vocab_; ++i) {
-          out[i] = static_cast<T>(static_cast<double>(out[i]) * scale);
-        }
-      }
-    }
-    std::size_t k = 0;
-    for (const auto& [t, factor] : factors_) {
-      if (mask_test(words, t)) out[static_cast<std::size_t>(t)] = static_cast<T>(kept[k++] * scale);
+      if (!mask_test(words, t)) continue;
+      const auto i = static_cast<std::size_t>(t);
+      out[i] = static_cast<T>(static_cast<double>(row[i]) * factor * scale);
     }
   }
 
@@ -446,7 +529,6 @@ class ConstrainedSampling {
   state_type initial_{};
   std::vector<std::uint64_t> allowed_;                // not banned
   std::vector<std::pair<token_id, double>> factors_;  // exp(bias), sorted by token
-  std::vector<double> bias_values_;
   std::vector<token_id> prompt_;
   std::vector<token_id> path_;        // generated tokens walked (after the prompt)
   std::vector<state_type> states_;    // states_[j]: after path_[0..j), j <= live_
