@@ -847,3 +847,26 @@ TEST_CASE("K7 A model row whose length is not the vocabulary size", "[errors][co
       "K7", [&] { (void)target.next_token_probabilities(start); }, errc::invalid_size,
       "constrained target row: 2 entries, expected vocab_size 5");
 }
+
+TEST_CASE("K8 Malformed regular expressions and TokenDfa vocabularies", "[errors][constrained]") {
+  check_error(
+      "K8", [] { (void)specdec::ByteDfa::compile("a(b"); }, errc::invalid_option,
+      "regex \"a(b\" at offset 3: missing ')'");
+  check_error(
+      "K8", [] { (void)specdec::ByteDfa::compile("[z-a]"); }, errc::invalid_option,
+      "regex \"[z-a]\" at offset");
+  check_error(
+      "K8", [] { (void)specdec::ByteDfa::compile("*a"); }, errc::invalid_option,
+      "regex \"*a\" at offset 0");
+  const std::vector<std::string> strings = {"a", "b", ""};
+  check_error(
+      "K8",
+      [&] {
+        const std::vector<token_id> end = {3};
+        (void)specdec::TokenDfa(specdec::ByteDfa::compile("a+"), strings, end);
+      },
+      errc::invalid_option, "end token");
+  check_error(
+      "K8", [&] { (void)specdec::TokenDfa(specdec::ByteDfa::compile("c"), strings); },
+      errc::invalid_option, "start state allows no token");
+}
