@@ -28,6 +28,7 @@
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include "errors_catalogue.hpp"
+#include "specdec/batch_decoder.hpp"
 #include "specdec/constrained_model.hpp"
 #include "specdec/random.hpp"
 #include "specdec/sampling.hpp"
@@ -84,9 +85,9 @@ struct ToyAutomaton {
 static_assert(specdec::TokenConstraint<ToyAutomaton>);
 static_assert(specdec::TokenConstraint<specdec::Unconstrained>);
 
-/// The automaton's state after `generated` (or -1 after a forbidden token).
-int toy_state(std::span<const token_id> generated) {
-  int s = 0;
+/// The automaton's state after `generated` from `start` (or -1 after a forbidden token).
+int toy_state(std::span<const token_id> generated, int start = 0) {
+  int s = start;
   for (const token_id t : generated) {
     s = ToyAutomaton::next[s][t];
     if (s < 0) return -1;
@@ -185,7 +186,7 @@ std::vector<Setting> settings() {
 }
 
 /// The law of plain constrained sampling of generated_length tokens after the prompt.
-Law reference_law(const Setting& setting) {
+Law reference_law(const Setting& setting, int start_state = 0) {
   specdec::Standardizer<double> standardizer(setting.options.sampling);
   Law law;
   std::vector<std::pair<std::vector<token_id>, double>> stack{{{}, 1.0}};
@@ -200,7 +201,7 @@ Law reference_law(const Setting& setting) {
     std::vector<token_id> context = prompt;
     context.insert(context.end(), generated.begin(), generated.end());
     const auto& p = setting.target(context);
-    const int state = setting.constrained ? toy_state(generated) : 0;
+    const int state = setting.constrained ? toy_state(generated, start_state) : 0;
     double total = 0.0;
     for (std::size_t t = 0; t < vocab; ++t) {
       const auto id = static_cast<token_id>(t);
@@ -869,4 +870,147 @@ TEST_CASE("K8 Malformed regular expressions and TokenDfa vocabularies", "[errors
   check_error(
       "K8", [&] { (void)specdec::TokenDfa(specdec::ByteDfa::compile("c"), strings); },
       errc::invalid_option, "start state allows no token");
+}
+
+TEST_CASE(
+    "Constrained batches: each sequence of a BatchDecoder follows plain constrained sampling "
+    "under its own constraint, bias and bans (chi-square, false failure 1e-9); routing a "
+    "sequence to another's constraint is caught",
+    "[constrained][batch][statistical]") {
+  const auto all = settings();
+  const Setting& setting = all[0];  // T = 1, the target and the draft of setting 0
+  // Three sequences: start states 0, 1, 2 of the automaton, different biases and bans.
+  const std::vector<BiasOptions> biases = {setting.bias, BiasOptions{{}, {2}},
+                                           BiasOptions{{{0, -2.0}}, {}}};
+  std::vector<Setting> per_sequence(3, setting);
+  for (std::size_t b = 0; b < 3; ++b) per_sequence[b].bias = biases[b];
+  const auto run = [&](bool misrouted, std::size_t b_checked, double tv) {
+    std::vector<double> expected(vocab * vocab, 0.0);
+    for (const auto& [tokens, probability] :
+         reference_law(per_sequence[b_checked], static_cast<int>(b_checked))) {
+      expected[static_cast<std::size_t>(tokens[0]) * vocab + static_cast<std::size_t>(tokens[1])] =
+          probability;
+    }
+    LoggedModel target_model{&setting.target, nullptr, 1};
+    LoggedModel draft_model{&setting.draft, nullptr, 2};
+    specdec::BatchConstrainedSampling<ToyAutomaton> rules(vocab);
+    auto target = rules.target(target_model);
+    auto draft = rules.draft(draft_model);
+    specdec::BatchDecoder decoder(target, draft);
+    std::vector<std::uint64_t> counts(vocab * vocab, 0);
+    const std::size_t samples = specdec::testing::scaled_samples_to_detect(tv, vocab * vocab - 1);
+    for (std::size_t i = 0; i < samples; ++i) {
+      for (std::uint64_t b = 0; b < 3; ++b) {
+        const std::uint64_t id = 3 * i + b;
+        // The broken variant gives sequence 1 the constraint state and bias of sequence 0.
+        const std::size_t source = misrouted && b == 1 ? 0 : b;
+        rules.start(id, prompt, ToyAutomaton{static_cast<int>(source)}, biases[source]);
+        specdec::SequenceRequest request;
+        request.id = id;
+        request.prompt = prompt;
+        request.max_new_tokens = generated_length;
+        request.seed = 1000 + i;
+        request.gamma_policy = specdec::FixedGamma{2};
+        decoder.add(std::move(request));
+      }
+      decoder.run();
+      for (const auto& finished : decoder.take_finished()) {
+        REQUIRE(finished.end != specdec::sequence_end::failed);
+        if (finished.id % 3 != b_checked) continue;
+        REQUIRE(finished.tokens.size() == generated_length);
+        ++counts[static_cast<std::size_t>(finished.tokens[0]) * vocab +
+                 static_cast<std::size_t>(finished.tokens[1])];
+      }
+    }
+    CHECK(rules.size() == 0);  // every sequence released
+    return specdec::stats::chi_square_test(counts, expected);
+  };
+  for (std::size_t b = 0; b < 3; ++b) {
+    const auto result = run(false, b, 0.02);
+    INFO("sequence " << b << ": statistic " << result.statistic << ", critical "
+                     << result.critical_value);
+    CHECK(result.passed());
+  }
+  const auto broken = run(true, 1, 0.1);
+  INFO("misrouted: statistic " << broken.statistic << ", critical " << broken.critical_value);
+  CHECK(!broken.passed());
+}
+
+TEST_CASE(
+    "K9 Constrained batches: a sequence never started; a target dead end fails that sequence "
+    "alone",
+    "[errors][constrained][batch]") {
+  FloatModel target_model = float_model(6, 1);
+  FloatModel draft_model = float_model(6, 2);
+  // A constraint that allows every token, or (only_five) token 5 alone.
+  struct OnlyFive {
+    using state_type = int;
+    bool only_five = false;
+    [[nodiscard]] int state() const { return 0; }
+    void restore(int) {}
+    bool advance(token_id t) { return !only_five || t == 5; }
+    void allowed_tokens(std::span<std::uint64_t> words) const {
+      words[0] = only_five ? 0x20U : 0x3FU;
+    }
+  };
+  specdec::BatchConstrainedSampling<OnlyFive> rules(6);
+  auto target = rules.target(target_model);
+  auto draft = rules.draft(draft_model);
+  specdec::BatchDecoder decoder(target, draft);
+  const std::vector<token_id> start = {1};
+  specdec::SequenceRequest request;
+  request.prompt = start;
+  request.max_new_tokens = 8;
+  request.id = 7;
+  decoder.add(request);
+  check_error(
+      "K9", [&] { (void)decoder.step(); }, errc::model_failure,
+      "BatchConstrainedSampling: sequence 7 was not started");
+  rules.start(7, start);
+  // Sequence 2 may only emit token 5: the draft model's rows are positive there, and so are
+  // the target's; it completes with 5s.
+  rules.start(2, start, OnlyFive{true});
+  request.id = 2;
+  decoder.add(request);
+  decoder.run();
+  for (const auto& finished : decoder.take_finished()) {
+    CHECK(finished.end != specdec::sequence_end::failed);
+    CHECK(finished.tokens.size() == 8);
+    if (finished.id == 2) CHECK(finished.tokens == std::vector<token_id>(8, 5));
+  }
+  // A target without mass at token 5: sequence 2's target rows are all zero, the decoder
+  // fails it alone, sequence 7 completes.
+  struct NoFive {
+    FloatModel* base;
+    std::vector<float> row;
+    [[nodiscard]] std::size_t vocab_size() const { return 6; }
+    std::span<const float> next_token_probabilities(std::span<const token_id> context) {
+      const auto r = base->next_token_probabilities(context);
+      row.assign(r.begin(), r.end());
+      row[5] = 0.0F;
+      return row;
+    }
+  };
+  NoFive no_five{&target_model, {}};
+  specdec::BatchConstrainedSampling<OnlyFive> rules2(6);
+  auto target2 = rules2.target(no_five);
+  auto draft2 = rules2.draft(draft_model);
+  specdec::BatchDecoder decoder2(target2, draft2);
+  rules2.start(2, start, OnlyFive{true});
+  rules2.start(7, start);
+  decoder2.add(request);
+  request.id = 7;
+  decoder2.add(request);
+  decoder2.run();
+  for (const auto& finished : decoder2.take_finished()) {
+    if (finished.id == 7) {
+      CHECK(finished.end != specdec::sequence_end::failed);
+      CHECK(finished.tokens.size() == 8);
+    } else {
+      REQUIRE(finished.end == specdec::sequence_end::failed);
+      check_error(
+          "K9", [&] { std::rethrow_exception(finished.error); }, errc::zero_mass,
+          "all entries are zero");
+    }
+  }
 }

@@ -63,6 +63,9 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <memory>
+#include <ranges>
 #include <span>
 #include <string>
 #include <utility>
@@ -433,6 +436,15 @@ class ConstrainedSampling {
   template <ProbabilityScalar U, ProbabilityScalar T>
   void apply(std::span<const token_id> context, std::span<const U> row, std::span<T> out,
              model_role role) {
+    apply(context, row, out, role, false);
+  }
+
+  /// apply() where a target dead end writes an all-zero row instead of throwing (`zero_row`
+  /// true): the batch adapter's way to fail that sequence alone (BatchDecoder validates rows
+  /// by default and fails a sequence whose row has no mass, naming it).
+  template <ProbabilityScalar U, ProbabilityScalar T>
+  void apply(std::span<const token_id> context, std::span<const U> row, std::span<T> out,
+             model_role role, bool zero_row) {
     const char* who = role == model_role::target ? "target" : "draft";
     if (row.size() != vocab_ || out.size() != vocab_) {
       detail::throw_error(errc::invalid_size, "constrained ", who, " row: ", row.size(),
@@ -461,6 +473,10 @@ class ConstrainedSampling {
       biased += x * factor - x;
     }
     if (!(biased > 0.0)) {
+      if (zero_row && role == model_role::target) {
+        std::fill(out.begin(), out.end(), T(0));
+        return;
+      }
       dead_end(words, out, who, position, role, context.size());
       return;
     }
@@ -615,6 +631,204 @@ class ConstrainedModel {
   ConstrainedSampling<C>* rules_;
   model_role role_;
   std::vector<scalar_type> row_;
+  std::vector<scalar_type> rows_;
+  std::vector<token_id> prefix_;
+};
+
+template <class M, class C>
+class BatchConstrainedModel;
+
+/// Constrained sampling for the sequences of a BatchDecoder: one ConstrainedSampling per
+/// sequence id, each with its own constraint, bias and banned tokens. start(id, prompt, ...)
+/// before adding the sequence to the decoder (SequenceRequest::id, the same prompt); the
+/// adapters from target() / draft() route every request of score_batch / draft_batch to its
+/// sequence by id, and forget a sequence when the decoder releases it. The adapters always
+/// offer score_batch and draft_batch (calling the model's own batched methods when it has
+/// them, else its score_draft or one call per prefix), so that the decoder always names the
+/// sequence. A target dead end gives that sequence an all-zero row: BatchDecoder (rows
+/// validated, the default) fails that sequence alone with zero_mass and goes on with the
+/// others.
+template <TokenConstraint C = Unconstrained>
+class BatchConstrainedSampling {
+ public:
+  explicit BatchConstrainedSampling(std::size_t vocab_size) : vocab_(vocab_size) {
+    if (vocab_ == 0) {
+      detail::throw_error(errc::invalid_size,
+                          "BatchConstrainedSampling: vocab_size must be positive");
+    }
+  }
+
+  /// Constrains sequence `id` after `prompt` (replacing what it had). Throws like
+  /// ConstrainedSampling's constructor.
+  void start(std::uint64_t id, std::span<const token_id> prompt, C constraint = C{},
+             BiasOptions bias = {}) {
+    const auto slot = sequences_.insert_or_assign(
+        id,
+        std::make_unique<ConstrainedSampling<C>>(vocab_, std::move(constraint), std::move(bias)));
+    slot.first->second->start(prompt);
+  }
+
+  /// Forgets sequence `id` (the adapters call it when the decoder releases the sequence).
+  void release(std::uint64_t id) { sequences_.erase(id); }
+
+  /// The sequence's constrained sampling; throws errc::invalid_option for an id never
+  /// started (or released).
+  [[nodiscard]] ConstrainedSampling<C>& sequence(std::uint64_t id) {
+    const auto found = sequences_.find(id);
+    if (found == sequences_.end()) {
+      detail::throw_error(errc::invalid_option, "BatchConstrainedSampling: sequence ", id,
+                          " was not started (call start(id, prompt, ...) before adding it)");
+    }
+    return *found->second;
+  }
+
+  [[nodiscard]] std::size_t vocab_size() const noexcept { return vocab_; }
+  [[nodiscard]] std::size_t size() const noexcept { return sequences_.size(); }
+
+  template <LanguageModel M>
+  [[nodiscard]] BatchConstrainedModel<M, C> target(M& model) {
+    return BatchConstrainedModel<M, C>(model, *this, model_role::target);
+  }
+  template <LanguageModel M>
+  [[nodiscard]] BatchConstrainedModel<M, C> draft(M& model) {
+    return BatchConstrainedModel<M, C>(model, *this, model_role::draft);
+  }
+
+ private:
+  std::size_t vocab_;
+  std::map<std::uint64_t, std::unique_ptr<ConstrainedSampling<C>>> sequences_;
+};
+
+/// A LanguageModel for BatchDecoder whose rows are the wrapped model's, constrained per
+/// sequence by a shared BatchConstrainedSampling. Rows stay valid until the next call.
+template <class M, class C>
+class BatchConstrainedModel {
+  using model_row = decltype(std::declval<M&>().next_token_probabilities(
+      std::declval<std::span<const token_id>>()));
+
+ public:
+  using scalar_type = probability_scalar_t<model_row>;
+
+  BatchConstrainedModel(M& model, BatchConstrainedSampling<C>& rules, model_role role)
+      : model_(&model), rules_(&rules), role_(role) {
+    if (static_cast<std::size_t>(model.vocab_size()) != rules.vocab_size()) {
+      detail::throw_error(errc::vocab_mismatch, "BatchConstrainedModel: the ",
+                          role == model_role::target ? "target" : "draft", " model's vocab_size ",
+                          model.vocab_size(), " differs from the constraint's ",
+                          rules.vocab_size());
+    }
+  }
+
+  [[nodiscard]] std::size_t vocab_size() const { return rules_->vocab_size(); }
+
+  /// Not routable (no sequence id): throws errc::invalid_option. BatchDecoder calls
+  /// score_batch and draft_batch instead.
+  std::span<const scalar_type> next_token_probabilities(std::span<const token_id> /*context*/) {
+    detail::throw_error(errc::invalid_option,
+                        "BatchConstrainedModel: next_token_probabilities has no sequence id; "
+                        "use it through BatchDecoder (score_batch, draft_batch) or use "
+                        "ConstrainedSampling for one sequence");
+  }
+
+  /// For each request, the constrained rows of context + drafts[0..k), k = 0..drafts.size().
+  template <class Requests>
+  RowsView<const scalar_type> score_batch(const Requests& requests) {
+    std::size_t total = 0;
+    for (const auto& r : requests) total += r.drafts.size() + 1;
+    const std::size_t v = rules_->vocab_size();
+    rows_.resize(total * v);
+    if constexpr (requires { model_->score_batch(requests); }) {
+      const auto& scored = model_->score_batch(requests);
+      const auto rows = as_rows(scored);
+      check(rows.rows(), rows.cols(), total, "score_batch");
+      std::size_t at = 0;
+      for (const auto& r : requests) {
+        for (std::size_t k = 0; k <= r.drafts.size(); ++k, ++at) constrain(r, k, rows.row(at), at);
+      }
+    } else {
+      std::size_t at = 0;
+      for (const auto& r : requests) {
+        if constexpr (HasDraftScoring<M>) {
+          const auto& scored = model_->score_draft(r.context, r.drafts);
+          const auto rows = as_rows(scored);
+          check(rows.rows(), rows.cols(), r.drafts.size() + 1, "score_draft");
+          for (std::size_t k = 0; k <= r.drafts.size(); ++k, ++at) {
+            constrain(r, k, rows.row(k), at);
+          }
+        } else {
+          for (std::size_t k = 0; k <= r.drafts.size(); ++k, ++at) {
+            prefix(r, k);
+            const auto& returned = model_->next_token_probabilities(prefix_);
+            constrain(r, k, as_span(returned), at);
+          }
+        }
+      }
+    }
+    return {rows_.data(), total, v};
+  }
+
+  /// For each request, ONE constrained row: after context + drafts.
+  template <class Requests>
+  RowsView<const scalar_type> draft_batch(const Requests& requests) {
+    const std::size_t v = rules_->vocab_size();
+    const std::size_t count = std::ranges::size(requests);
+    rows_.resize(count * v);
+    std::size_t at = 0;
+    if constexpr (requires { model_->draft_batch(requests); }) {
+      const auto& scored = model_->draft_batch(requests);
+      const auto rows = as_rows(scored);
+      check(rows.rows(), rows.cols(), count, "draft_batch");
+      for (const auto& r : requests) {
+        constrain(r, r.drafts.size(), rows.row(at), at);
+        ++at;
+      }
+    } else {
+      for (const auto& r : requests) {
+        prefix(r, r.drafts.size());
+        const auto& returned = model_->next_token_probabilities(prefix_);
+        constrain(r, r.drafts.size(), as_span(returned), at);
+        ++at;
+      }
+    }
+    return {rows_.data(), count, v};
+  }
+
+  /// Forgets the sequence's constraint and forwards to a model that has release_sequence.
+  template <std::same_as<std::uint64_t> Id>
+  void release_sequence(Id id) {
+    rules_->release(id);
+    if constexpr (requires { model_->release_sequence(id); }) model_->release_sequence(id);
+  }
+
+  [[nodiscard]] M& model() const noexcept { return *model_; }
+
+ private:
+  void check(std::size_t rows, std::size_t cols, std::size_t expected, const char* call) const {
+    if (rows != expected || cols != rules_->vocab_size()) {
+      detail::throw_error(errc::invalid_size, "BatchConstrainedModel: the model's ", call,
+                          " returned ", rows, " x ", cols, " entries, expected ", expected, " x ",
+                          rules_->vocab_size());
+    }
+  }
+
+  template <class Request>
+  void prefix(const Request& r, std::size_t k) {
+    prefix_.assign(r.context.begin(), r.context.end());
+    prefix_.insert(prefix_.end(), r.drafts.begin(),
+                   r.drafts.begin() + static_cast<std::ptrdiff_t>(k));
+  }
+
+  template <class Request, class Row>
+  void constrain(const Request& r, std::size_t k, const Row& row, std::size_t at) {
+    prefix(r, k);
+    const std::size_t v = rules_->vocab_size();
+    rules_->sequence(r.id).apply(std::span<const token_id>(prefix_), std::span(row),
+                                 std::span<scalar_type>(rows_.data() + at * v, v), role_, true);
+  }
+
+  M* model_;
+  BatchConstrainedSampling<C>* rules_;
+  model_role role_;
   std::vector<scalar_type> rows_;
   std::vector<token_id> prefix_;
 };
