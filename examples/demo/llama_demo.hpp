@@ -58,9 +58,10 @@ the shipped llama-architecture pair (examples/llama/models: a 12.6M-parameter ta
 in the example engine (examples/llama, a KV-cached Eigen/AVX2 llama that loads GGUF).
 The demo prints the paper's Figure 1 over the model's own output, plain vs speculative
 wall time measured in the same run (medians of alternating runs), Theorem 3.8's prediction
-from the measured alpha, c and batched-call cost, an exactness check, and a comparison of
-specdec's drafters (draft model, n-gram, prompt lookup, token tree, optimal-gamma
-controller) on the same prompt.
+from the measured alpha, c and batched-call cost, an exactness check, a constrained
+generation (a regular expression over the generated text, the same mask on p and q), and a
+comparison of specdec's drafters (draft model, n-gram, prompt lookup, token tree,
+optimal-gamma controller) on the same prompt.
 
 options:
   --target FILE        target model (default: the shipped target.gguf)
