@@ -207,10 +207,12 @@ template <ProbabilityScalar U>
   return sum;
 }
 
-/// out[i] = row[i] * scale where bit i of `words` is set, else 0.
+/// out[i] = row[i] * scale where bit i of `words` is set, else 0. `before` (empty, or one
+/// word per block): the mask `out` was last written with; a block whose word is 0 there and
+/// here is all zero already and is not written again.
 template <ProbabilityScalar U, ProbabilityScalar T>
 void masked_scale(std::span<const U> row, std::span<const std::uint64_t> words, double scale,
-                  std::span<T> out) noexcept {
+                  std::span<T> out, std::span<const std::uint64_t> before = {}) noexcept {
   const std::size_t full = row.size() / 64;
   std::size_t w = 0;
 #if defined(__GNUC__) || defined(__clang__)
@@ -221,7 +223,7 @@ void masked_scale(std::span<const U> row, std::span<const std::uint64_t> words, 
       const std::uint64_t bits = words[w];
       float* y = out.data() + 64 * w;
       if (bits == 0) {
-        std::memset(y, 0, 64 * sizeof(float));
+        if (before.empty() || before[w] != 0) std::memset(y, 0, 64 * sizeof(float));
         continue;
       }
       const float* x = row.data() + 64 * w;
@@ -442,9 +444,26 @@ class ConstrainedSampling {
   /// apply() where a target dead end writes an all-zero row instead of throwing (`zero_row`
   /// true): the batch adapter's way to fail that sequence alone (BatchDecoder validates rows
   /// by default and fails a sequence whose row has no mass, naming it).
+  ///
+  /// `written` (empty, or mask_words(V) words the caller keeps with `out`): the mask `out`
+  /// was last written with, updated here. Blocks of 64 tokens that were zero and stay zero
+  /// are then not written again (a grammar state allowing few tokens writes little). Start
+  /// it with every bit set (nothing known about `out`).
   template <ProbabilityScalar U, ProbabilityScalar T>
   void apply(std::span<const token_id> context, std::span<const U> row, std::span<T> out,
-             model_role role, bool zero_row) {
+             model_role role, bool zero_row, std::span<std::uint64_t> written = {}) {
+    if (!written.empty() && written.size() != words_) {
+      detail::throw_error(errc::invalid_size, "ConstrainedSampling::apply: ", written.size(),
+                          " written-mask words, expected ", words_);
+    }
+    const auto remember = [&](std::span<const std::uint64_t> mask_words_written) {
+      if (written.empty()) return;
+      if (mask_words_written.empty()) {
+        std::fill(written.begin(), written.end(), ~std::uint64_t{0});
+      } else {
+        std::copy(mask_words_written.begin(), mask_words_written.end(), written.begin());
+      }
+    };
     const char* who = role == model_role::target ? "target" : "draft";
     if (row.size() != vocab_ || out.size() != vocab_) {
       detail::throw_error(errc::invalid_size, "constrained ", who, " row: ", row.size(),
@@ -452,12 +471,14 @@ class ConstrainedSampling {
     }
     if (role == model_role::target && walk_rule_ == detail::constraint_walk::target_unmasked) {
       std::copy(row.begin(), row.end(), out.begin());
+      remember({});
       return;
     }
     const auto words = mask(context);
     const std::size_t position = context.size() - prompt_.size();
     if (words.empty()) {  // after a forbidden token: never used for an emitted token
       std::copy(row.begin(), row.end(), out.begin());
+      remember({});
       return;
     }
     // Pass 1 reads the allowed entries (their sum, and whether one is NaN or negative);
@@ -475,9 +496,11 @@ class ConstrainedSampling {
     if (!(biased > 0.0)) {
       if (zero_row && role == model_role::target) {
         std::fill(out.begin(), out.end(), T(0));
+        remember({});  // conservative
         return;
       }
       dead_end(words, out, who, position, role, context.size());
+      remember(words);
       return;
     }
     if (!std::isfinite(biased)) {
@@ -486,7 +509,8 @@ class ConstrainedSampling {
                           ": the logit bias makes the row's mass overflow");
     }
     const double scale = 1.0 / biased;
-    detail::masked_scale(row, words, scale, out);
+    detail::masked_scale(row, words, scale, out, std::span<const std::uint64_t>(written));
+    remember(words);
     for (const auto& [t, factor] : factors_) {
       if (!mask_test(words, t)) continue;
       const auto i = static_cast<std::size_t>(t);
@@ -576,13 +600,15 @@ class ConstrainedModel {
                           rules.vocab_size());
     }
     row_.resize(rules.vocab_size());
+    row_written_.assign(mask_words(rules.vocab_size()), ~std::uint64_t{0});
   }
 
   [[nodiscard]] std::size_t vocab_size() const { return rules_->vocab_size(); }
 
   std::span<const scalar_type> next_token_probabilities(std::span<const token_id> context) {
     const auto& returned = model_->next_token_probabilities(context);
-    rules_->apply(context, as_span(returned), std::span<scalar_type>(row_), role_);
+    rules_->apply(context, as_span(returned), std::span<scalar_type>(row_), role_, false,
+                  std::span<std::uint64_t>(row_written_));
     return row_;
   }
 
@@ -618,11 +644,16 @@ class ConstrainedModel {
  private:
   template <class U, class Prefix>
   RowsView<const scalar_type> convert(RowsView<const U> rows, Prefix&& prefix_of) {
-    rows_.resize(rows.rows() * rows.cols());
+    const std::size_t words = mask_words(rules_->vocab_size());
+    if (rows_.size() != rows.rows() * rows.cols()) {  // a new layout: nothing known of it
+      rows_.resize(rows.rows() * rows.cols());
+      rows_written_.assign(rows.rows() * words, ~std::uint64_t{0});
+    }
     for (std::size_t i = 0; i < rows.rows(); ++i) {
       prefix_of(i);
       rules_->apply(std::span<const token_id>(prefix_), std::span<const U>(rows.row(i)),
-                    std::span<scalar_type>(rows_.data() + i * rows.cols(), rows.cols()), role_);
+                    std::span<scalar_type>(rows_.data() + i * rows.cols(), rows.cols()), role_,
+                    false, std::span<std::uint64_t>(rows_written_.data() + i * words, words));
     }
     return {rows_.data(), rows.rows(), rows.cols()};
   }
@@ -632,6 +663,8 @@ class ConstrainedModel {
   model_role role_;
   std::vector<scalar_type> row_;
   std::vector<scalar_type> rows_;
+  std::vector<std::uint64_t> row_written_;   // the mask row_ was last written with
+  std::vector<std::uint64_t> rows_written_;  // the same per row of rows_
   std::vector<token_id> prefix_;
 };
 
