@@ -825,6 +825,13 @@ TEST_CASE(
   row[66] = -0.25F;
   check_error("K6", apply, errc::invalid_probability, "token 66: probability is -0.25");
   row[66] = 1.0F / 70.0F;
+  // Negative entries in every lane group of the vectorised block (tokens 0-63) and the tail.
+  for (const std::size_t t : {1U, 6U, 10U, 13U, 50U, 63U}) {
+    row[t] = -1e-30F;
+    check_error("K6", apply, errc::invalid_probability,
+                "token " + std::to_string(t) + ": probability is -1e-30");
+    row[t] = 1.0F / 70.0F;
+  }
   row[3] = std::numeric_limits<float>::infinity();
   check_error("K6", apply, errc::invalid_probability, "token 3: probability is inf");
   row[3] = 1.0F / 70.0F;
@@ -1013,4 +1020,83 @@ TEST_CASE(
           "all entries are zero");
     }
   }
+}
+
+TEST_CASE(
+    "Constrained rows on the vectorised path (float rows, full 64-token blocks): every row "
+    "the adapter returns is the definition, as masks change and its output rows are reused",
+    "[constrained]") {
+  constexpr std::size_t v = 1000;  // 15 full blocks and a tail of 40
+  specdec::xoshiro256pp g(31);
+  // Five masks: all allowed, none but a few, random words, whole blocks on/off, one bit.
+  std::vector<std::vector<std::uint64_t>> masks(5,
+                                                std::vector<std::uint64_t>(specdec::mask_words(v)));
+  for (std::size_t w = 0; w < masks[0].size(); ++w) {
+    masks[0][w] = ~std::uint64_t{0};
+    masks[1][w] = w % 7 == 3 ? 0x8000000000000001ULL : 0;
+    masks[2][w] = g();
+    masks[3][w] = (w / 2) % 2 == 0 ? ~std::uint64_t{0} : 0;
+    masks[4][w] = w == 9 ? 0x10U : 0;
+  }
+  struct MaskByState {
+    using state_type = std::size_t;
+    const std::vector<std::vector<std::uint64_t>>* masks = nullptr;
+    std::size_t at = 0;
+    [[nodiscard]] std::size_t state() const { return at; }
+    void restore(std::size_t s) { at = s; }
+    bool advance(token_id t) {
+      if (!specdec::mask_test((*masks)[at], t)) return false;
+      at = static_cast<std::size_t>(t) % masks->size();
+      return true;
+    }
+    void allowed_tokens(std::span<std::uint64_t> words) const {
+      std::copy((*masks)[at].begin(), (*masks)[at].end(), words.begin());
+    }
+  };
+  FloatModel model = float_model(v, 41);
+  const BiasOptions bias{{{3, 1.5}, {640, -2.0}, {577, 0.5}}, {0, 999}};
+  ConstrainedSampling<MaskByState> rules(v, MaskByState{&masks}, bias);
+  auto adapted = rules.target(model);
+  const std::vector<token_id> start = {5};
+  rules.start(start);
+  std::vector<token_id> context = start;
+  std::size_t state = 0;
+  std::size_t checked = 0;
+  for (int step = 0; step < 400; ++step) {
+    const auto got = adapted.next_token_probabilities(context);
+    // The definition, in double.
+    const auto row = model.next_token_probabilities(context);
+    std::vector<double> expected(v, 0.0);
+    double total = 0.0;
+    for (std::size_t t = 0; t < v; ++t) {
+      const auto id = static_cast<token_id>(t);
+      if (!specdec::mask_test(masks[state], id) || t == 0 || t == 999) continue;
+      double factor = 1.0;
+      for (const LogitBias& b : bias.logit_bias) {
+        if (b.token == id) factor = std::exp(b.bias);
+      }
+      expected[t] = static_cast<double>(row[t]) * factor;
+      total += expected[t];
+    }
+    for (std::size_t t = 0; t < v; ++t) {
+      if (expected[t] == 0.0) {
+        REQUIRE(got[t] == 0.0F);
+      } else {
+        REQUIRE(std::abs(static_cast<double>(got[t]) - expected[t] / total) <=
+                1e-6 * expected[t] / total + 1e-9);
+      }
+    }
+    ++checked;
+    // Next: an allowed token drawn from the row (the state moves), or a rollback.
+    if (context.size() > 6 && specdec::uniform_below(g, 3) == 0) {
+      context.resize(start.size() + specdec::uniform_below(g, context.size() - start.size()));
+    } else {
+      context.push_back(specdec::sample_from_row(got, g));
+    }
+    state = 0;
+    for (std::size_t i = start.size(); i < context.size(); ++i) {
+      state = static_cast<std::size_t>(context[i]) % masks.size();
+    }
+  }
+  CHECK(checked == 400);
 }
