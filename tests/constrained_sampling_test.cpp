@@ -20,6 +20,7 @@
 #include <limits>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -1099,4 +1100,47 @@ TEST_CASE(
     }
   }
   CHECK(checked == 400);
+}
+
+TEST_CASE(
+    "K10 A constraint that throws: its exception reaches the caller (inside generate: "
+    "model_failure, nested) and the walk stays consistent afterwards",
+    "[errors][constrained]") {
+  struct ThrowsOnThree {
+    using state_type = int;
+    int at = 0;
+    bool armed = true;
+    [[nodiscard]] int state() const { return at; }
+    void restore(int s) { at = s; }
+    bool advance(token_id t) {
+      if (armed && t == 3) throw std::runtime_error("grammar engine: token 3 not supported");
+      at = (at + static_cast<int>(t)) % 5;
+      return true;
+    }
+    void allowed_tokens(std::span<std::uint64_t> words) const { words[0] = at == 4 ? 0x3U : 0x3FU; }
+  };
+  ConstrainedSampling<ThrowsOnThree> rules(6);
+  const std::vector<token_id> start = {1};
+  rules.start(start);
+  const std::vector<token_id> bad = {1, 2, 3, 1};
+  REQUIRE_THROWS_WITH((void)rules.mask(bad), "grammar engine: token 3 not supported");
+  // The walk went back to the start: masks after it equal a fresh walk's.
+  for (const std::vector<token_id>& context :
+       {std::vector<token_id>{1, 2}, std::vector<token_id>{1, 2, 4, 4}, std::vector<token_id>{1}}) {
+    ConstrainedSampling<ThrowsOnThree> fresh(6);
+    fresh.start(start);
+    const auto expected = fresh.mask(context);
+    const auto got = rules.mask(context);
+    REQUIRE(std::equal(got.begin(), got.end(), expected.begin(), expected.end()));
+  }
+  // Inside the decoder: model_failure naming the model's row, the constraint's message nested.
+  FloatModel target_model = float_model(6, 11);
+  FloatModel draft_model = float_model(6, 12);
+  auto target = rules.target(target_model);
+  auto draft = rules.draft(draft_model);
+  specdec::SpeculativeDecoder decoder(target, draft);
+  rules.start(start);
+  check_error(
+      "K10", [&] { (void)decoder.generate(start, 200, 3); }, errc::model_failure,
+      "the model threw: grammar engine: token 3 not supported");
 }

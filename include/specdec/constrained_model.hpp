@@ -401,17 +401,28 @@ class ConstrainedSampling {
         live_ = common;
       }
     }
-    for (std::size_t j = common; j < generated.size(); ++j) {
-      const token_id t = generated[j];
-      path_.push_back(t);
-      if (live_ + 1 == path_.size()) {
-        const bool ok = t >= 0 && static_cast<std::size_t>(t) < vocab_ && mask_test(allowed_, t) &&
-                        constraint_.advance(t);
-        if (ok) {
-          states_.push_back(constraint_.state());
-          ++live_;
+    try {
+      for (std::size_t j = common; j < generated.size(); ++j) {
+        const token_id t = generated[j];
+        if (live_ == path_.size()) {
+          const bool ok = t >= 0 && static_cast<std::size_t>(t) < vocab_ &&
+                          mask_test(allowed_, t) && constraint_.advance(t);
+          if (ok) {
+            states_.push_back(constraint_.state());
+            ++live_;
+          }
         }
+        path_.push_back(t);
       }
+    } catch (...) {
+      // A constraint (or an allocation) that threw mid-walk: back to the start, so that the
+      // next walk replays the context from a consistent state.
+      path_.clear();
+      states_.assign(1, initial_);
+      live_ = 0;
+      constraint_.restore(initial_);
+      std::fill(slot_depth_.begin(), slot_depth_.end(), npos);
+      throw;
     }
     return live_ == path_.size();
   }
