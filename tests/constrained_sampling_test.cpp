@@ -451,8 +451,8 @@ TEST_CASE(
   const auto all = settings();
   for (const std::size_t k : {std::size_t{0}, std::size_t{4}, std::size_t{6}}) {
     const auto result = sampled(all[k], constraint_walk::exact, 0.02, 11 + k);
-    INFO(all[k].name << ": statistic " << result.statistic << ", critical "
-                     << result.critical_value);
+    INFO(all[k].name << ": statistic " << result.statistic << ", df " << result.degrees_of_freedom
+                     << ", samples " << result.samples << ", critical " << result.critical_value);
     CHECK(result.passed());
   }
   // Each broken walk at a setting where the enumeration shows it moves the law.
