@@ -244,8 +244,9 @@ int run_llama_demo(const LlamaDemoOptions& options) {
     const llama::RunResult plain_constrained =
         llama::generate_plain_constrained(target, rules, def_prompt, run);
     report.heading(
-        format("Constrained generation: the text after \"def\" must match %s in "
-               "full, then </s> (TokenDfa; one mask on p and q at every position)",
+        format("Constrained generation: the text after \"def\" must match the regular "
+               "expression '%s' in full, then </s> (TokenDfa; one mask on p and q at every "
+               "position)",
                pattern));
     std::vector<std::string> lines = {format(
         "greedy:  %s   (%zu tokens in %zu target calls; identical to plain greedy "
