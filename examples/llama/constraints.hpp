@@ -362,46 +362,24 @@ template <specdec::TokenConstraint C>
 RunResult generate_plain_constrained(Engine& target, specdec::ConstrainedSampling<C>& rules,
                                      std::span<const specdec::token_id> prompt,
                                      const RunOptions& options) {
-  target.reset();
-  target.reset_counters();
   rules.start(prompt);
   rules.reserve(options.max_new_tokens);
   specdec::LogitsModel logits(target);
   auto model = rules.target(logits);
-  RunResult result;
   specdec::Standardizer<float> standardizer(options.sampling);
   std::vector<float> row(target.vocab_size());
-  specdec::default_engine g(options.seed);
-  std::vector<specdec::token_id> context(prompt.begin(), prompt.end());
-  context.reserve(prompt.size() + options.max_new_tokens);
-  const auto started = std::chrono::steady_clock::now();
-  for (std::size_t i = 0; i < options.max_new_tokens; ++i) {
-    const auto probabilities = model.next_token_probabilities(context);
-    specdec::token_id next = 0;
-    if (options.sampling.greedy()) {
-      next = static_cast<specdec::token_id>(
-          std::max_element(probabilities.begin(), probabilities.end()) - probabilities.begin());
-    } else if (standardizer.identity()) {
-      next = specdec::sample_from_row(probabilities, g);
-    } else {
-      standardizer.apply(probabilities, std::span<float>(row));
-      next = specdec::sample_from_row(std::span<const float>(row), g);
-    }
-    context.push_back(next);
-    result.tokens.push_back(next);
-    if (options.on_token) {
-      options.on_token({next, specdec::token_source::correction, i, context.size() - 1});
-    }
-    if (std::find(options.stop_tokens.begin(), options.stop_tokens.end(), next) !=
-        options.stop_tokens.end()) {
-      result.stop = specdec::stop_reason::stop_token;
-      break;
-    }
-  }
-  result.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-  result.target = target.counters();
-  return result;
+  return detail::plain_loop(
+      target, prompt, options,
+      [&](std::span<const specdec::token_id> context, specdec::default_engine& g) {
+        const auto probabilities = model.next_token_probabilities(context);
+        if (options.sampling.greedy()) {
+          return static_cast<specdec::token_id>(
+              std::max_element(probabilities.begin(), probabilities.end()) - probabilities.begin());
+        }
+        if (standardizer.identity()) return specdec::sample_from_row(probabilities, g);
+        standardizer.apply(probabilities, std::span<float>(row));
+        return specdec::sample_from_row(std::span<const float>(row), g);
+      });
 }
 
 /// generate_speculative (generate.hpp) on constrained rows: the target is always the

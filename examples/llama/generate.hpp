@@ -99,31 +99,22 @@ struct RunResult {
   }
 };
 
-/// Plain autoregressive decoding of the target, as a competent engine writes it: one
-/// forward pass per token over its KV cache, the logits standardized (temperature, top-k,
-/// top-p, min-p) by specdec's Standardizer, one draw per token (greedy: the argmax, lowest
-/// id on ties). Its output law is the one speculative decoding must reproduce.
-inline RunResult generate_plain(Engine& target, std::span<const specdec::token_id> prompt,
-                                const RunOptions& options) {
+namespace detail {
+
+/// The loop of plain decoding: resets the target, then for each new token calls
+/// `draw(context, g)` for the next token, appends it, reports it, stops at a stop token.
+template <class Draw>
+RunResult plain_loop(Engine& target, std::span<const specdec::token_id> prompt,
+                     const RunOptions& options, Draw&& draw) {
   target.reset();
   target.reset_counters();
   RunResult result;
-  specdec::Standardizer<float> standardizer(options.sampling);
-  std::vector<float> row(target.vocab_size());
   specdec::default_engine g(options.seed);
   std::vector<specdec::token_id> context(prompt.begin(), prompt.end());
   context.reserve(prompt.size() + options.max_new_tokens);
   const auto started = std::chrono::steady_clock::now();
   for (std::size_t i = 0; i < options.max_new_tokens; ++i) {
-    const std::span<const float> logits = target.next_token_logits(context);
-    specdec::token_id next = 0;
-    if (options.sampling.greedy()) {
-      next = static_cast<specdec::token_id>(std::max_element(logits.begin(), logits.end()) -
-                                            logits.begin());
-    } else {
-      standardizer.apply_logits(logits, std::span<float>(row));
-      next = specdec::sample_from_row(std::span<const float>(row), g);
-    }
+    const specdec::token_id next = draw(std::span<const specdec::token_id>(context), g);
     context.push_back(next);
     result.tokens.push_back(next);
     if (options.on_token) {
@@ -139,6 +130,29 @@ inline RunResult generate_plain(Engine& target, std::span<const specdec::token_i
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   result.target = target.counters();
   return result;
+}
+
+}  // namespace detail
+
+/// Plain autoregressive decoding of the target, as a competent engine writes it: one
+/// forward pass per token over its KV cache, the logits standardized (temperature, top-k,
+/// top-p, min-p) by specdec's Standardizer, one draw per token (greedy: the argmax, lowest
+/// id on ties). Its output law is the one speculative decoding must reproduce.
+inline RunResult generate_plain(Engine& target, std::span<const specdec::token_id> prompt,
+                                const RunOptions& options) {
+  specdec::Standardizer<float> standardizer(options.sampling);
+  std::vector<float> row(target.vocab_size());
+  return detail::plain_loop(
+      target, prompt, options,
+      [&](std::span<const specdec::token_id> context, specdec::default_engine& g) {
+        const std::span<const float> logits = target.next_token_logits(context);
+        if (options.sampling.greedy()) {
+          return static_cast<specdec::token_id>(std::max_element(logits.begin(), logits.end()) -
+                                                logits.begin());
+        }
+        standardizer.apply_logits(logits, std::span<float>(row));
+        return specdec::sample_from_row(std::span<const float>(row), g);
+      });
 }
 
 /// Seconds per call of the operations Theorem 3.8 is built from, each the median of `calls`
