@@ -899,7 +899,8 @@ TEST_CASE(
       expected[static_cast<std::size_t>(tokens[0]) * vocab + static_cast<std::size_t>(tokens[1])] =
           probability;
     }
-    LoggedModel target_model{&setting.target, nullptr, 1};
+    LoggedBatchedModel target_model;  // score_draft: the adapter's per-sequence scoring path
+    target_model.model = &setting.target;
     LoggedModel draft_model{&setting.draft, nullptr, 2};
     specdec::BatchConstrainedSampling<ToyAutomaton> rules(vocab);
     auto target = rules.target(target_model);
@@ -998,8 +999,23 @@ TEST_CASE(
       row[5] = 0.0F;
       return row;
     }
+    // One call for the whole batch: the adapter's score_batch path over the model's own.
+    specdec::RowsView<const float> score_batch(
+        std::span<const specdec::BatchScoreRequest> requests) {
+      rows.clear();
+      for (const auto& r : requests) {
+        std::vector<token_id> prefix(r.context.begin(), r.context.end());
+        for (std::size_t k = 0; k <= r.drafts.size(); ++k) {
+          const auto p = next_token_probabilities(prefix);
+          rows.insert(rows.end(), p.begin(), p.end());
+          if (k < r.drafts.size()) prefix.push_back(r.drafts[k]);
+        }
+      }
+      return {rows.data(), rows.size() / 6, 6};
+    }
+    std::vector<float> rows;
   };
-  NoFive no_five{&target_model, {}};
+  NoFive no_five{&target_model, {}, {}};
   specdec::BatchConstrainedSampling<OnlyFive> rules2(6);
   auto target2 = rules2.target(no_five);
   auto draft2 = rules2.draft(draft_model);

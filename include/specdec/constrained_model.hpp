@@ -273,6 +273,17 @@ enum class constraint_walk : std::uint8_t {
   target_unmasked,        ///< target rows are not masked (the mask applied to q only)
 };
 
+/// The adapters' check that the model and the constraint share one vocabulary.
+template <class Size>
+void check_adapter_vocab(const char* adapter, model_role role, Size model_vocab,
+                         std::size_t vocab) {
+  if (static_cast<std::size_t>(model_vocab) != vocab) {
+    throw_error(errc::vocab_mismatch, adapter, ": the ",
+                role == model_role::target ? "target" : "draft", " model's vocab_size ",
+                model_vocab, " differs from the constraint's ", vocab);
+  }
+}
+
 struct constrained_sampling_access {
   template <class S>
   static void set_walk(S& sampling, constraint_walk walk) noexcept {
@@ -604,12 +615,7 @@ class ConstrainedModel {
 
   ConstrainedModel(M& model, ConstrainedSampling<C>& rules, model_role role)
       : model_(&model), rules_(&rules), role_(role) {
-    if (static_cast<std::size_t>(model.vocab_size()) != rules.vocab_size()) {
-      detail::throw_error(errc::vocab_mismatch, "ConstrainedModel: the ",
-                          role == model_role::target ? "target" : "draft", " model's vocab_size ",
-                          model.vocab_size(), " differs from the constraint's ",
-                          rules.vocab_size());
-    }
+    detail::check_adapter_vocab("ConstrainedModel", role, model.vocab_size(), rules.vocab_size());
     row_.resize(rules.vocab_size());
     row_written_.assign(mask_words(rules.vocab_size()), ~std::uint64_t{0});
   }
@@ -755,12 +761,8 @@ class BatchConstrainedModel {
 
   BatchConstrainedModel(M& model, BatchConstrainedSampling<C>& rules, model_role role)
       : model_(&model), rules_(&rules), role_(role) {
-    if (static_cast<std::size_t>(model.vocab_size()) != rules.vocab_size()) {
-      detail::throw_error(errc::vocab_mismatch, "BatchConstrainedModel: the ",
-                          role == model_role::target ? "target" : "draft", " model's vocab_size ",
-                          model.vocab_size(), " differs from the constraint's ",
-                          rules.vocab_size());
-    }
+    detail::check_adapter_vocab("BatchConstrainedModel", role, model.vocab_size(),
+                                rules.vocab_size());
   }
 
   [[nodiscard]] std::size_t vocab_size() const { return rules_->vocab_size(); }
@@ -779,62 +781,54 @@ class BatchConstrainedModel {
   RowsView<const scalar_type> score_batch(const Requests& requests) {
     std::size_t total = 0;
     for (const auto& r : requests) total += r.drafts.size() + 1;
-    const std::size_t v = rules_->vocab_size();
-    rows_.resize(total * v);
+    rows_.resize(total * rules_->vocab_size());
+    std::size_t at = 0;
     if constexpr (requires { model_->score_batch(requests); }) {
-      const auto& scored = model_->score_batch(requests);
-      const auto rows = as_rows(scored);
-      check(rows.rows(), rows.cols(), total, "score_batch");
-      std::size_t at = 0;
+      const auto rows = checked_rows(model_->score_batch(requests), total, "score_batch");
       for (const auto& r : requests) {
-        for (std::size_t k = 0; k <= r.drafts.size(); ++k, ++at) constrain(r, k, rows.row(at), at);
+        walk_prefixes(r, r.drafts.size(), [&](auto& rules) {
+          put(rules, rows.row(at), at);
+          ++at;
+        });
       }
     } else {
-      std::size_t at = 0;
       for (const auto& r : requests) {
         if constexpr (HasDraftScoring<M>) {
-          const auto& scored = model_->score_draft(r.context, r.drafts);
-          const auto rows = as_rows(scored);
-          check(rows.rows(), rows.cols(), r.drafts.size() + 1, "score_draft");
-          for (std::size_t k = 0; k <= r.drafts.size(); ++k, ++at) {
-            constrain(r, k, rows.row(k), at);
-          }
+          const auto rows = checked_rows(model_->score_draft(r.context, r.drafts),
+                                         r.drafts.size() + 1, "score_draft");
+          std::size_t k = 0;
+          walk_prefixes(r, r.drafts.size(), [&](auto& rules) { put(rules, rows.row(k++), at++); });
         } else {
-          for (std::size_t k = 0; k <= r.drafts.size(); ++k, ++at) {
-            prefix(r, k);
-            const auto& returned = model_->next_token_probabilities(prefix_);
-            constrain(r, k, as_span(returned), at);
-          }
+          walk_prefixes(r, r.drafts.size(), [&](auto& rules) {
+            put(rules, as_span(model_->next_token_probabilities(prefix_)), at++);
+          });
         }
       }
     }
-    return {rows_.data(), total, v};
+    return {rows_.data(), total, rules_->vocab_size()};
   }
 
   /// For each request, ONE constrained row: after context + drafts.
   template <class Requests>
   RowsView<const scalar_type> draft_batch(const Requests& requests) {
-    const std::size_t v = rules_->vocab_size();
     const std::size_t count = std::ranges::size(requests);
-    rows_.resize(count * v);
+    rows_.resize(count * rules_->vocab_size());
     std::size_t at = 0;
     if constexpr (requires { model_->draft_batch(requests); }) {
-      const auto& scored = model_->draft_batch(requests);
-      const auto rows = as_rows(scored);
-      check(rows.rows(), rows.cols(), count, "draft_batch");
+      const auto rows = checked_rows(model_->draft_batch(requests), count, "draft_batch");
       for (const auto& r : requests) {
-        constrain(r, r.drafts.size(), rows.row(at), at);
+        last_prefix(r, [&](auto& rules) { put(rules, rows.row(at), at); });
         ++at;
       }
     } else {
       for (const auto& r : requests) {
-        prefix(r, r.drafts.size());
-        const auto& returned = model_->next_token_probabilities(prefix_);
-        constrain(r, r.drafts.size(), as_span(returned), at);
+        last_prefix(r, [&](auto& rules) {
+          put(rules, as_span(model_->next_token_probabilities(prefix_)), at);
+        });
         ++at;
       }
     }
-    return {rows_.data(), count, v};
+    return {rows_.data(), count, rules_->vocab_size()};
   }
 
   /// Forgets the sequence's constraint and forwards to a model that has release_sequence.
@@ -847,27 +841,44 @@ class BatchConstrainedModel {
   [[nodiscard]] M& model() const noexcept { return *model_; }
 
  private:
-  void check(std::size_t rows, std::size_t cols, std::size_t expected, const char* call) const {
-    if (rows != expected || cols != rules_->vocab_size()) {
+  template <class Scored>
+  auto checked_rows(const Scored& scored, std::size_t expected, const char* call) const {
+    const auto rows = as_rows(scored);
+    if (rows.rows() != expected || rows.cols() != rules_->vocab_size()) {
       detail::throw_error(errc::invalid_size, "BatchConstrainedModel: the model's ", call,
-                          " returned ", rows, " x ", cols, " entries, expected ", expected, " x ",
-                          rules_->vocab_size());
+                          " returned ", rows.rows(), " x ", rows.cols(), " entries, expected ",
+                          expected, " x ", rules_->vocab_size());
+    }
+    return rows;
+  }
+
+  // Calls each(rules) with prefix_ = context + drafts[0..k) for k = 0..last, the prefix
+  // grown one token at a time; the sequence is looked up once.
+  template <class Request, class Each>
+  void walk_prefixes(const Request& r, std::size_t last, Each&& each) {
+    ConstrainedSampling<C>& rules = rules_->sequence(r.id);
+    prefix_.assign(r.context.begin(), r.context.end());
+    for (std::size_t k = 0; k <= last; ++k) {
+      if (k > 0) prefix_.push_back(r.drafts[k - 1]);
+      each(rules);
     }
   }
 
-  template <class Request>
-  void prefix(const Request& r, std::size_t k) {
+  // Calls each(rules) once, with prefix_ = context + drafts.
+  template <class Request, class Each>
+  void last_prefix(const Request& r, Each&& each) {
+    ConstrainedSampling<C>& rules = rules_->sequence(r.id);
     prefix_.assign(r.context.begin(), r.context.end());
-    prefix_.insert(prefix_.end(), r.drafts.begin(),
-                   r.drafts.begin() + static_cast<std::ptrdiff_t>(k));
+    prefix_.insert(prefix_.end(), r.drafts.begin(), r.drafts.end());
+    each(rules);
   }
 
-  template <class Request, class Row>
-  void constrain(const Request& r, std::size_t k, const Row& row, std::size_t at) {
-    prefix(r, k);
+  // The constrained row after prefix_ into rows_ row `at`.
+  template <class Row>
+  void put(ConstrainedSampling<C>& rules, const Row& row, std::size_t at) {
     const std::size_t v = rules_->vocab_size();
-    rules_->sequence(r.id).apply(std::span<const token_id>(prefix_), std::span(row),
-                                 std::span<scalar_type>(rows_.data() + at * v, v), role_, true);
+    rules.apply(std::span<const token_id>(prefix_), std::span(row),
+                std::span<scalar_type>(rows_.data() + at * v, v), role_, true);
   }
 
   M* model_;
