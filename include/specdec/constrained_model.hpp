@@ -649,8 +649,9 @@ class ConstrainedModel {
   RowsView<const scalar_type> score_tree(std::span<const token_id> context, const Tree& tree) {
     const auto& scored = model_->score_tree(context, tree);
     const auto rows = as_rows(scored);
+    prefix_.assign(context.begin(), context.end());
     return convert(rows, [&](std::size_t i) {
-      prefix_.assign(context.begin(), context.end());
+      prefix_.resize(context.size());  // the context is copied once, each node's path after it
       if (i > 0) tree.append_path(i, prefix_);
     });
   }
