@@ -357,6 +357,43 @@ class BatchVerifier {
     std::vector<T> block_p, block_q;
   };
 
+  // Whether a sequence with these options is verified by verify_block_standardized (its rows
+  // standardized whole into the workspace's block rows).
+  static bool uses_block_rows(const SequenceOptions& options, std::size_t vocab_size) noexcept {
+    const SamplingOptions& s = options.sampling;
+    return options.uses_block() && !s.identity() && !(s.top_k != 0 && s.top_k < vocab_size);
+  }
+
+  // Sizes every workspace for this batch here, in the calling thread: which workspace meets
+  // which sequence depends on the threads' timing, so a workspace grown lazily inside a task
+  // could first grow in any later batch of the same shape, and a warm step must not allocate.
+  // Standardized sequences need reserve(V); block-verified ones the block rows of the largest
+  // gamma among them.
+  void prepare_workspaces(const RaggedBatch<T>& batch, std::span<const SequenceOptions> options) {
+    const std::size_t vocab_size = batch.vocab_size();
+    bool standardized = false;
+    std::size_t rows = 0;  // target rows of the block-verified sequences: gamma + 1
+    for (std::size_t b = 0; b < options.size(); ++b) {
+      const SamplingOptions& s = options[b].sampling;
+      if (s.greedy() || s.identity()) continue;
+      standardized = true;
+      if (uses_block_rows(options[b], vocab_size)) {
+        rows = std::max(rows, batch.drafts(b).size() + 1);
+      }
+    }
+    if (!standardized) return;
+    if (std::ranges::any_of(workspaces_,
+                            [&](const workspace& work) { return work.p.size() < vocab_size; })) {
+      reserve(vocab_size);
+    }
+    for (workspace& work : workspaces_) {
+      if (work.block_p.size() < rows * vocab_size) work.block_p.resize(rows * vocab_size);
+      if (rows > 0 && work.block_q.size() < (rows - 1) * vocab_size) {
+        work.block_q.resize((rows - 1) * vocab_size);
+      }
+    }
+  }
+
   // Hands sequences 0..count-1 to the executor's tasks, one at a time; task k works with
   // workspace k. `verify_one` must not throw.
   // The entries a batch reads at least: the two rows of each sequence's final draw at T = 1
@@ -375,6 +412,7 @@ class BatchVerifier {
            VerifyOne&& verify_one) {
     const std::size_t count = batch.size();
     if (count == 0) return;
+    prepare_workspaces(batch, options);
     std::atomic<std::size_t> next{0};
     // Nothing may leave a task (a worker thread would terminate): an exception (only
     // std::bad_alloc, while a workspace grows) stops the batch and is rethrown here.
