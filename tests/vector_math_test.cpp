@@ -44,6 +44,20 @@ long double worst_exp_error(F f, std::size_t count, specdec::xoshiro256pp& g) {
   return worst;
 }
 
+/// The same for exp2-like f: exact(y) = 2^y over [log2(min), 0].
+template <class T, class F>
+long double worst_exp2_error(F f, std::size_t count, specdec::xoshiro256pp& g) {
+  const long double floor = std::log2(static_cast<long double>(std::numeric_limits<T>::min()));
+  long double worst = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto y = static_cast<T>(floor * static_cast<long double>(specdec::uniform01<double>(g)));
+    const long double exact = std::exp2(static_cast<long double>(y));
+    if (exact < static_cast<long double>(std::numeric_limits<T>::min()) * 1.001L) continue;
+    worst = std::max(worst, ulp_error(f(y), exact));
+  }
+  return worst;
+}
+
 template <class T>
 bool same_bits(T a, T b) {
   return std::memcmp(&a, &b, sizeof(T)) == 0;
@@ -89,6 +103,48 @@ TEMPLATE_TEST_CASE(
   CHECK(worst_exp_error<T>(off, 400000, g2) > 2.5L);
 }
 
+TEMPLATE_TEST_CASE("vector_math: log2 within 3 ulp over every binade, subnormals included",
+                   "[vector_math]", float, double) {
+  using T = TestType;
+  specdec::xoshiro256pp g(14);
+  long double worst = 0;
+  const int lowest = std::numeric_limits<T>::min_exponent - std::numeric_limits<T>::digits;
+  const int highest = std::numeric_limits<T>::max_exponent;
+  for (int exponent = lowest; exponent < highest; ++exponent) {
+    for (int i = 0; i < 200; ++i) {
+      const T x = std::ldexp(static_cast<T>(1.0 + specdec::uniform01<double>(g)), exponent);
+      if (!(x > T(0)) || !(x < std::numeric_limits<T>::infinity()) || x == T(1)) continue;
+      worst =
+          std::max(worst, ulp_error(sd::log2_positive(x), std::log2(static_cast<long double>(x))));
+    }
+  }
+  // 2.45 (float) and 2.54 (double) measured: the series' leading term c1 s rounds twice
+  // where log's 2 s is exact; tempered weights carry |s log x| ulp from the exponent anyway.
+  INFO("worst log2 error " << static_cast<double>(worst) << " ulp");
+  CHECK(worst <= 3.0L);
+  CHECK(worst > 0.5L);  // the measurement sees rounding at all
+}
+
+TEMPLATE_TEST_CASE(
+    "vector_math: exp2 within 2.5 ulp where the result is normal, and the bound "
+    "rejects a function 4 ulp off",
+    "[vector_math]", float, double) {
+  using T = TestType;
+  specdec::xoshiro256pp g(15);
+  const auto ours = [](T y) { return sd::exp2_nonpositive(y); };
+  const long double worst = worst_exp2_error<T>(ours, 400000, g);
+  INFO("worst exp2 error " << static_cast<double>(worst) << " ulp");
+  CHECK(worst <= 2.5L);
+  const auto off = [](T y) {
+    return sd::exp2_nonpositive(y) * (T(1) + 4 * std::numeric_limits<T>::epsilon());
+  };
+  specdec::xoshiro256pp g2(15);
+  CHECK(worst_exp2_error<T>(off, 400000, g2) > 2.5L);
+  // Exact at integers: 2^-k is a power of two.
+  for (int k = 0; k <= 100; ++k)
+    CHECK(sd::exp2_nonpositive(static_cast<T>(-k)) == std::ldexp(T(1), -k));
+}
+
 TEMPLATE_TEST_CASE("vector_math: special values", "[vector_math]", float, double) {
   using T = TestType;
   constexpr T inf = std::numeric_limits<T>::infinity();
@@ -115,8 +171,27 @@ TEMPLATE_TEST_CASE("vector_math: special values", "[vector_math]", float, double
     const long double ratio = std::exp(static_cast<long double>(y)) / smallest;
     if (std::fabs(ratio - 1) > 1e-5L) CHECK((e == T(0)) == (ratio < 1));
   }
+  CHECK(sd::log2_positive(T(1)) == T(0));
+  CHECK(sd::log2_positive(T(0.25)) == T(-2));
+  CHECK(sd::log2_positive(T(0)) == -inf);
+  CHECK(sd::log2_positive(T(-2)) == -inf);
+  CHECK(sd::log2_positive(inf) == inf);
+  CHECK(std::isnan(sd::log2_positive(nan)));
+  CHECK(ulp_error(sd::log2_positive(tiny), std::log2(static_cast<long double>(tiny))) <= 2.0L);
+  CHECK(sd::exp2_nonpositive(T(0)) == T(1));
+  CHECK(sd::exp2_nonpositive(-T(0)) == T(1));
+  CHECK(sd::exp2_nonpositive(-inf) == T(0));
+  CHECK(std::isnan(sd::exp2_nonpositive(nan)));
+  CHECK(sd::exp2_nonpositive(T(-1e6)) == T(0));
+  // Flushing as exp's: no result between 0 and the smallest normal number.
+  const T edge2 = static_cast<T>(std::numeric_limits<T>::min_exponent - 1);
+  for (T y = edge2 - T(1); y < edge2 + T(1); y += T(1) / 64) {
+    const T e = sd::exp2_nonpositive(y);
+    CHECK((e == T(0) || e >= smallest));
+    if (std::fabs(static_cast<long double>(y - edge2)) > 1e-5L) CHECK((e == T(0)) == (y < edge2));
+  }
   // A tempered weight: the maximum maps to exactly 1, zero to zero, a NaN stays NaN.
-  const T log_top = sd::log_positive(T(0.25));
+  const T log_top = sd::log2_positive(T(0.25));
   CHECK(sd::tempered_weight(T(0.25), log_top, T(1.0 / 0.7)) == T(1));
   CHECK(sd::tempered_weight(T(0), log_top, T(1.0 / 0.7)) == T(0));
   CHECK(std::isnan(sd::tempered_weight(nan, log_top, T(2))));
@@ -137,8 +212,8 @@ TEMPLATE_TEST_CASE("vector_math: the vector loops equal the scalar code bitwise 
   using T = TestType;
   specdec::xoshiro256pp g(13);
   std::vector<specdec::kernel_path> paths{specdec::kernel_path::portable};
-  if (specdec::kernel_path_supported(specdec::kernel_path::avx2)) {
-    paths.push_back(specdec::kernel_path::avx2);
+  for (const auto path : {specdec::kernel_path::avx2, specdec::kernel_path::avx512}) {
+    if (specdec::kernel_path_supported(path)) paths.push_back(path);
   }
   std::vector<std::size_t> sizes;
   for (std::size_t n = 0; n <= 40; ++n) sizes.push_back(n);
@@ -159,7 +234,7 @@ TEMPLATE_TEST_CASE("vector_math: the vector loops equal the scalar code bitwise 
       logits[j] = j % 9 == 4 ? -std::numeric_limits<T>::infinity() : static_cast<T>(-40.0 * u);
     }
     if (size > 10) probabilities[size / 2] = std::numeric_limits<T>::quiet_NaN();
-    const T log_top = sd::log_positive(T(1));
+    const T log_top = sd::log2_positive(T(1));
     const T scale = T(1.0 / 0.7);
     for (const auto path : paths) {
       specdec::force_kernel_path(path);

@@ -256,7 +256,7 @@ class Standardizer {
     // into NaN. The smallest positive scale gives the same limit (uniform over the support).
     const T scale =
         std::max(static_cast<T>(inverse_temperature), std::numeric_limits<T>::denorm_min());
-    const T log_top = detail::log_positive(static_cast<T>(maximum));
+    const T log_top = detail::log2_positive(static_cast<T>(maximum));
     return finish(
         probabilities, out, U(0), maximum, min_key, use_min_p, T(1),
         [probabilities, log_top, scale](std::size_t j) {
@@ -310,7 +310,7 @@ class Standardizer {
         static_cast<U>(static_cast<double>(maximum) * std::pow(options_.min_p, temperature));
     const T scale =
         std::max(static_cast<T>(inverse_temperature), std::numeric_limits<T>::denorm_min());
-    const T log_top = detail::log_positive(static_cast<T>(maximum));
+    const T log_top = detail::log2_positive(static_cast<T>(maximum));
     return finish_sparse(probabilities, out, U(0), min_key, use_min_p, T(1),
                          [probabilities, log_top, scale](std::size_t j) {
                            return detail::tempered_weight(static_cast<T>(probabilities[j]), log_top,
