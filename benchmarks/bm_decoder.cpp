@@ -8,12 +8,16 @@
 // step is given (an integer OR over their bits: the floor for any code that looks at every
 // row once); and the fair peer's step (peer.hpp: gamma draws from the draft rows, then
 // Algorithm 1 as vLLM and Hugging Face structure it, no checks; truncated mode: every row
-// first truncated into a dense row as they do it). The rows
+// first truncated into a dense row as they do it; a draft without stable_rows: each draft
+// row copied after its draw, as they stack the draft's probabilities, since its view dies at
+// the next draft call for the peer as for the decoder). The rows
 // are either in cache or evicted to DRAM before each timed call. The time reported is the
 // decoder step's median. Counters:
 //   tokens_per_step  emitted tokens per step
 //   vs_read          decoder step / pure read of its rows (medians)
 //   vs_peer          peer step / decoder step (above 1: specdec is faster)
+//   vs_peer_per_token  the same per emitted token (peer time / peer tokens over step time /
+//                    step tokens): block verification emits more tokens per step
 //   allocs_per_step  heap allocations per decoder step (global operator new is replaced by
 //                    tests/support/counting_allocator.hpp); must be 0
 // Variants (mode): 0 sampling identity (T = 1), 1 truncated (T = 0.7, top-k 50, top-p 0.9),
@@ -35,6 +39,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <new>
@@ -155,6 +160,11 @@ enum class mode { identity, truncated, greedy, top_p, tempered_top_p };
 // argmax of) q rows, then its Algorithm 1. Returns the emitted token count.
 // With truncation (the truncated mode), every row is first truncated into a dense buffer
 // (peer::Truncation), as vLLM and Hugging Face do before their rejection samplers.
+// With `copy_drafts` (a draft whose rows are not stable_rows: the row a draft call returns
+// dies at its next call, the contract the decoder works under), the peer keeps each draft row
+// it will verify against by copying it after its draw, as vLLM and Hugging Face stack the
+// draft's probabilities into a (gamma, V) tensor; a truncated row is already kept in
+// q_dense, and greedy verification needs no draft row.
 struct PeerStep {
   const RowBank* rows;
   std::size_t gamma;
@@ -163,9 +173,11 @@ struct PeerStep {
   std::unique_ptr<specdec::peer::Truncation> truncation{};
   std::vector<float> q_dense{};
   std::vector<float> p_dense{};
+  bool copy_drafts = false;
   std::size_t operator()(std::size_t position, bool greedy, specdec::xoshiro256pp& g) {
     drafts.clear();
     const std::size_t vocab = rows->vocab;
+    const bool copying = copy_drafts && !truncation && !greedy;
     for (std::size_t i = 0; i < gamma; ++i) {
       const float* q = rows->row(rows->draft, position + i).data();
       if (truncation) {
@@ -174,9 +186,10 @@ struct PeerStep {
       }
       drafts.push_back(greedy ? static_cast<token_id>(std::max_element(q, q + vocab) - q)
                               : algorithm.draw(q, g));
+      if (copying) std::memcpy(q_dense.data() + i * vocab, q, vocab * sizeof(float));
     }
     const float* p_rows = rows->row(rows->target, position).data();
-    const float* q_rows = rows->row(rows->draft, position).data();
+    const float* q_rows = copying ? q_dense.data() : rows->row(rows->draft, position).data();
     if (truncation) {
       for (std::size_t i = 0; i <= gamma; ++i) {
         truncation->apply(p_rows + i * vocab, p_dense.data() + i * vocab);
@@ -241,6 +254,10 @@ void decoder_step(benchmark::State& state, const StepSetup& setup) {
     peer.q_dense.resize(gamma * vocab);
     peer.p_dense.resize((gamma + 1) * vocab);
   }
+  if (!specdec::stable_rows<Draft>) {
+    peer.copy_drafts = true;
+    peer.q_dense.resize(gamma * vocab);
+  }
   (void)decoder.step(context, g);  // warm up the workspace
 
   // The rows the step is given: gamma draft rows, the target's gamma + 1.
@@ -267,12 +284,19 @@ void decoder_step(benchmark::State& state, const StepSetup& setup) {
     ++peer_steps;
   };
   specdec::testing::AllocationCounter counter;
-  (void)bl::interleave(state, where, 1, step, read, peer_step, true);
+  const bl::Medians medians = bl::interleave(state, where, 1, step, read, peer_step, true);
   (void)counter.stop();
   const auto step_count = static_cast<double>(steps);
-  state.counters["tokens_per_step"] = static_cast<double>(tokens) / step_count;
-  state.counters["peer_tokens_per_step"] =
+  const double tokens_per_step = static_cast<double>(tokens) / step_count;
+  const double peer_tokens_per_step =
       static_cast<double>(peer_tokens) / static_cast<double>(peer_steps);
+  state.counters["tokens_per_step"] = tokens_per_step;
+  state.counters["peer_tokens_per_step"] = peer_tokens_per_step;
+  // The peer's time per emitted token over specdec's (above 1: specdec is faster): steps of
+  // the two emit different token counts where their verification rules differ (block
+  // verification accepts more than Algorithm 1).
+  state.counters["vs_peer_per_token"] =
+      (medians.peer / peer_tokens_per_step) / (medians.step / tokens_per_step);
   state.counters["allocs_per_step"] = static_cast<double>(allocations) / step_count;
   state.counters["acceptance"] = decoder.statistics().acceptance_rate();
   specdec::reset_kernel_path();
