@@ -527,6 +527,48 @@ TEMPLATE_TEST_CASE(
   }
 }
 
+TEMPLATE_TEST_CASE(
+    "Block verification is lazy above n: a position whose uniform reaches the bound on its "
+    "weight reads no row",
+    "[block_verification]", double, float) {
+  // Every drafted block of every pair. The positions the scan rejects above `stop` get u just
+  // below 1, at or above the bound Z_max / (Z_max + 1 - rho) that the drafted entries give
+  // (rho < 1 wherever the scan rejects). Their target rows, except the drafted entries, are
+  // inflated to 1e30: a scan that read one would find a huge Z there (h = 1) and stop at that
+  // position instead.
+  std::size_t inflated_positions = 0;
+  for (const Pair& pair : test_pairs()) {
+    const std::size_t vocab = pair.target.vocab;
+    std::size_t blocks = 1;
+    for (std::size_t i = 0; i < pair.gamma; ++i) blocks *= vocab;
+    for (std::size_t code = 0; code < blocks; ++code) {
+      std::vector<token_id> block(pair.gamma);
+      for (std::size_t i = 0, rest = code; i < pair.gamma; ++i, rest /= vocab) {
+        block[i] = static_cast<token_id>(rest % vocab);
+      }
+      const BlockRows<TestType> rows(pair, block);
+      for (std::size_t stop = 0; stop + 1 < pair.gamma; ++stop) {
+        std::vector<std::uint64_t> ks(1, grid - 1);  // no bonus (where rho_gamma < 1)
+        ks.insert(ks.end(), pair.gamma - 1 - stop, grid - 1);
+        if (stop > 0) ks.push_back(0);  // h_0 = 1 takes no uniform
+        ks.push_back(grid / 3);
+        const VerificationResult clean = scripted(verifier::block, rows, ks);
+        if (clean.accepted != stop) continue;
+        BlockRows<TestType> inflated = rows;
+        for (std::size_t i = stop + 1; i < pair.gamma; ++i) {
+          for (std::size_t x = 0; x < vocab; ++x) {
+            if (x != static_cast<std::size_t>(block[i])) inflated.target[i * vocab + x] = 1e30F;
+          }
+          ++inflated_positions;
+        }
+        INFO(pair.name << ", block " << code << ", stopped at " << stop);
+        CHECK(scripted(verifier::block, inflated, ks) == clean);
+      }
+    }
+  }
+  CHECK(inflated_positions >= 20);
+}
+
 TEMPLATE_TEST_CASE("Block verification takes Eigen matrices and RowsView alike",
                    "[block_verification]", double, float) {
   const auto pairs = test_pairs();

@@ -28,7 +28,11 @@
 // i < gamma with rho_i > 0 reads its row pair p_{i+1}, q_{i+1} once, in one pass that builds the
 // mass table of max(0, rho_i p_{i+1} - q_{i+1}): its total is Z_{i+1}, and if the scan stops at i
 // the residual draw walks the same table (one superblock). Row pairs below n are never read whole:
-// the step reads gamma - n row pairs (n < gamma), or p_{gamma+1} for the bonus.
+// the step reads at most gamma - n row pairs (n < gamma), or p_{gamma+1} for the bonus. Position
+// i's uniform is drawn before its pair is read: h_i <= Z_max / (Z_max + 1 - rho_i) with Z_max =
+// rho_i - min(rho_i p_{i+1}(x_{i+1}), q_{i+1}(x_{i+1})) (plus the rows' mass tolerance), so a
+// uniform at or above that rejects i unread (detail::block_weight_bound): where rho_i is small,
+// most positions the scan passes read nothing.
 //
 // Random numbers: one uniform01<double>(g) per examined position (gamma - n + 1 of them when
 // n > 0, gamma when n = 0), then one for the final draw. Allocation-free for gamma <= 256
@@ -39,6 +43,7 @@
 // draw from float rows does (see mass_table in detail/row_kernels.hpp).
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -85,6 +90,19 @@ template <block_rule Rule = block_rule::exact>
 [[nodiscard]] inline double block_weight(double z, double rho) noexcept {
   const double denominator = z + (1.0 - rho);
   return denominator > 0.0 ? z / denominator : 1.0;
+}
+
+/// An upper bound of h_i before its row pair is read, from the drafted entries p(x), q(x)
+/// of row pair i + 1 alone: Z = rho sum_x p(x) - sum_x min(rho p(x), q(x)) <= rho (1 + slack)
+/// - min(rho p(x_i), q(x_i)) for a row whose mass is within the validator's tolerance of 1
+/// (`slack` adds that tolerance and the mass table's rounding), and h = Z / (Z + 1 - rho)
+/// grows with Z. A uniform at or above it rejects position i whatever Z is, so the scan
+/// skips the pair: the same decisions and the same random numbers as reading it.
+template <class T>
+[[nodiscard]] inline double block_weight_bound(double rho, double p_x, double q_x) noexcept {
+  constexpr double slack = default_sum_tolerance<T> + 1e-5;
+  const double z = rho * (1.0 + slack) - std::min(rho * p_x, q_x);
+  return block_weight(z > 0.0 ? z : 0.0, rho);
 }
 
 /// The prefix ratios rho_0..rho_gamma of one step: on the stack for gamma <= 256.
@@ -150,6 +168,15 @@ VerificationResult verify_block_rows(std::span<const token_id> draft_tokens,
       return {i, draw.token, token_source::correction, draw.fallback};
     } else {
       const std::span<const T> q(draft_rows.row(i));
+      // The decision's uniform first: where it reaches the bound on h_i, no Z can accept, and
+      // the pair is not read.
+      const double decision = i > 0 ? uniform01<double>(g) : 0.0;
+      if constexpr (Rule == block_rule::exact) {
+        if (i > 0 && !(decision < block_weight_bound<T>(rho[i], static_cast<double>(p[x]),
+                                                        static_cast<double>(q[x])))) {
+          continue;
+        }
+      }
       // One pass builds the mass table of max(0, rho_i p - q): its total is Z, and a stop
       // at i draws from it. rho_i = 1 (drafts the target favours) takes Algorithm 1's
       // residual kernel, without the scaling.
@@ -159,7 +186,7 @@ VerificationResult verify_block_rows(std::span<const token_id> draft_tokens,
         if (i > 0) {
           const double h =
               Rule == block_rule::h_without_z ? rho[i] : block_weight(table.total, rho[i]);
-          if (!(uniform01<double>(g) < h)) return {false, {}};
+          if (!(decision < h)) return {false, {}};
         }
         const double u = uniform01<double>(g);
         const std::size_t index = table.drawable() ? draw_from_table(source, table, u) : no_index;

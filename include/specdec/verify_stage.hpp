@@ -224,6 +224,15 @@ StepVerdict verify_dense_block(std::span<const token_id> drafts, RowsView<const 
         (void)uniform01<double>(g);
         continue;
       }
+      // The decision's uniform first: at or above the bound on h_i the pair is not read
+      // (detail::block_weight_bound; rows the scan does not read are not validated either).
+      const double decision = i > 0 ? uniform01<double>(g) : 0.0;
+      if (i > 0) {
+        const auto x = static_cast<std::size_t>(drafts[i]);
+        const double bound = detail::block_weight_bound<T>(
+            rho[i], static_cast<double>(target_rows(i, x)), q.q(i, x));
+        if (!(decision < bound)) continue;
+      }
       p = target_rows.row(i);
       const detail::scaled_difference_source<T> source{
           p.data(), q.row_at(i), vocab_size, static_cast<T>(rho[i]), static_cast<T>(q.scale(i))};
@@ -235,7 +244,7 @@ StepVerdict verify_dense_block(std::span<const token_id> drafts, RowsView<const 
       } else {
         detail::build_mass_table(source, table);
       }
-      if (i > 0 && !(uniform01<double>(g) < detail::block_weight(table.total, rho[i]))) continue;
+      if (i > 0 && !(decision < detail::block_weight(table.total, rho[i]))) continue;
       n = i;
       const double u = uniform01<double>(g);
       const std::size_t index =
