@@ -13,7 +13,7 @@
 #   run briefly, a ThreadSanitizer build of the thread-safety tests (build/tsan, targets
 #   thread_safety_test, llama_threads_test, batch_verification_test, batch_decoder_test,
 #   batch_gamma_test), a GCC
-#   -march=native build of the kernel-path and sampling tests (build/native: every kernel path bitwise equal when the
+#   -march=native build of the kernel-path, sampling and vector-math tests (build/native: every kernel path bitwise equal when the
 #   compiler may use FMA), and the libFuzzer harnesses of tests/fuzz (the library's verification and decoder, the llama
 #   engine example's GGUF loading) built with -fsanitize=fuzzer,address,undefined
 #   (build/fuzz) and run for SPECDEC_FUZZ_SECONDS each from a temporary copy of the
@@ -173,7 +173,7 @@ if [ "${SPECDEC_SKIP_NATIVE:-0}" != 1 ]; then
   # The kernels must agree bitwise on every path even when the compiler may use FMA
   # everywhere (GCC contracts multiply-adds by default under -march=native): kernel_path_test
   # compares every path this CPU has, sampling_test checks the standardization on the best.
-  stage "native: GCC -march=native build of the kernel-path and sampling tests"
+  stage "native: GCC -march=native build of the kernel-path, sampling and vector-math tests"
   t0=$(date +%s)
   log=build/native.log
   fma=without
@@ -181,9 +181,11 @@ if [ "${SPECDEC_SKIP_NATIVE:-0}" != 1 ]; then
   if cmake -S . -B build/native -G Ninja -DCMAKE_CXX_COMPILER=g++ -DSPECDEC_WERROR=ON \
     -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS="-march=native" \
     -DSPECDEC_BUILD_BENCHMARKS=OFF -DSPECDEC_BUILD_EXAMPLES=OFF >"$log" 2>&1 &&
-    cmake --build build/native --target kernel_path_test sampling_test -j "$jobs" >>"$log" 2>&1 &&
+    cmake --build build/native --target kernel_path_test sampling_test vector_math_test \
+      -j "$jobs" >>"$log" 2>&1 &&
     build/native/tests/kernel_path_test >>"$log" 2>&1 &&
-    build/native/tests/sampling_test >>"$log" 2>&1; then
+    build/native/tests/sampling_test >>"$log" 2>&1 &&
+    build/native/tests/vector_math_test >>"$log" 2>&1; then
     cases=$(sed -n 's/.*assertions in \([0-9]*\) test cases.*/\1/p' "$log" |
       awk '{ n += $1 } END { print n }')
     cases=${cases:-1}
