@@ -134,16 +134,48 @@ struct lanes_of<pack_t<double, 64>> : pack_lanes<double, 64> {};
 #define SPECDEC_VECTOR_MATH_PACKS 0
 #endif
 
-/// x = log(x) lane by lane for x >= 0 (including subnormal x); log(1) = 0 exactly. x = 0
-/// gives -infinity, +infinity and NaN give themselves, negative x give -infinity (a weight
-/// of 0). Selections are `?:` (a blend on packs, no branch).
-template <class V>
-SPECDEC_KERNEL_INLINE void log_lanes(V& x) noexcept {
+/// Coefficient k of the logarithms' series in s (log(m) = 2 atanh(s) = sum of c[k] s^k over
+/// odd k): 2 / k, in base 2 scaled by 1 / ln 2.
+template <class T, bool base2>
+[[nodiscard]] consteval std::array<T, 22> atanh_coefficients() noexcept {
+  constexpr long double log2e = 1.44269504088896340735992468100189214L;
+  std::array<T, 22> c{};
+  for (int k = 1; k < 22; k += 2) {
+    c[static_cast<std::size_t>(k)] =
+        base2 ? static_cast<T>(2 * log2e / k) : static_cast<T>(2.0 / k);
+  }
+  return c;
+}
+
+/// Coefficient k of the exponentials' Taylor series in r: 1 / k!, in base 2 (ln 2)^k / k!.
+template <class T, bool base2>
+[[nodiscard]] consteval std::array<T, 14> exp_coefficients() noexcept {
+  constexpr long double ln2 = 0.693147180559945309417232121458176568L;
+  std::array<T, 14> c{};
+  long double power = 1;  // (ln 2)^k / k!
+  double factorial = 1;   // k!, exact in double up to 13!
+  for (int k = 0; k < 14; ++k) {
+    c[static_cast<std::size_t>(k)] =
+        base2 ? static_cast<T>(power) : static_cast<T>(1.0 / factorial);
+    power = power * ln2 / (k + 1);
+    factorial *= k + 1;
+  }
+  return c;
+}
+
+/// x = log(x) (base2: log2(x)) lane by lane for x >= 0 (including subnormal x); log(1) = 0
+/// exactly. x = 0 gives -infinity, +infinity and NaN give themselves, negative x give
+/// -infinity (a weight of 0). Selections are `?:` (a blend on packs, no branch). Base 2
+/// scales the series by 1 / ln 2 and adds the exponent as it is, where base e adds it times
+/// ln 2 in two parts: tempered weights use base 2, whose exp2 needs no ln 2 reduction either.
+template <bool base2, class V>
+SPECDEC_KERNEL_INLINE void logarithm_lanes(V& x) noexcept {
   using T = typename lanes_of<V>::scalar;
   using bits = float_bits<T>;
   using uint = typename lanes_of<V>::uint;
   using word = typename bits::uint;
   constexpr T smallest_normal = std::numeric_limits<T>::min();
+  constexpr std::array<T, 22> c = atanh_coefficients<T, base2>();
   const V zero{};
   const auto subnormal = x < smallest_normal;
   const V scaled = subnormal ? x * bits::subnormal_scale : x;
@@ -161,172 +193,95 @@ SPECDEC_KERNEL_INLINE void log_lanes(V& x) noexcept {
   const V f = m - T(1);
   const V s = f / (T(2) + f);
   const V z = s * s;
-  V series;  // (2 atanh(s) - 2 s) / (s z)
+  V series;  // (log(m) - c1 s) / (s z)
   if constexpr (sizeof(T) == 4) {
-    series = T(2.0 / 3) + z * (T(2.0 / 5) + z * (T(2.0 / 7) + z * T(2.0 / 9)));
+    series = c[3] + z * (c[5] + z * (c[7] + z * c[9]));
   } else {
     const V z2 = z * z;  // two interleaved Horner chains (even and odd powers of z)
-    const V even =
-        T(2.0 / 3) + z2 * (T(2.0 / 7) + z2 * (T(2.0 / 11) + z2 * (T(2.0 / 15) + z2 * T(2.0 / 19))));
-    const V odd =
-        T(2.0 / 5) + z2 * (T(2.0 / 9) + z2 * (T(2.0 / 13) + z2 * (T(2.0 / 17) + z2 * T(2.0 / 21))));
+    const V even = c[3] + z2 * (c[7] + z2 * (c[11] + z2 * (c[15] + z2 * c[19])));
+    const V odd = c[5] + z2 * (c[9] + z2 * (c[13] + z2 * (c[17] + z2 * c[21])));
     series = even + z * odd;
   }
-  const V log_m = T(2) * s + s * z * series;
-  const V result = e * bits::ln2_hi + (log_m + e * bits::ln2_lo);
+  const V log_m = c[1] * s + s * z * series;
+  V result;
+  if constexpr (base2) {
+    result = e + log_m;
+  } else {
+    result = e * bits::ln2_hi + (log_m + e * bits::ln2_lo);
+  }
   const V finite = x > T(0) ? result : zero - std::numeric_limits<T>::infinity();
   x = x < std::numeric_limits<T>::infinity() ? finite : x;  // NaN and +inf stay
 }
 
-/// x = log2(x) lane by lane, with log_lanes' conventions (log2(1) = 0 exactly; 0 and negative
-/// x give -infinity; +infinity and NaN stay). The same reduction and atanh series as
-/// log_lanes, the series' coefficients scaled by 1 / ln 2, so the exponent is added as it is:
-/// no e ln 2 product in two parts. Used by tempered weights, whose exp2 then needs no ln 2
-/// reduction either.
-template <class V>
-SPECDEC_KERNEL_INLINE void log2_lanes(V& x) noexcept {
-  using T = typename lanes_of<V>::scalar;
-  using bits = float_bits<T>;
-  using uint = typename lanes_of<V>::uint;
-  using word = typename bits::uint;
-  constexpr T smallest_normal = std::numeric_limits<T>::min();
-  constexpr long double log2e = 1.44269504088896340735992468100189214L;
-  const V zero{};
-  const auto subnormal = x < smallest_normal;
-  const V scaled = subnormal ? x * bits::subnormal_scale : x;
-  const V extra = subnormal ? zero + T(-bits::mantissa) : zero;
-  const uint offset = SPECDEC_BIT_CAST(uint, scaled) + word(bits::one - bits::sqrt_half);
-  const uint field = (offset >> static_cast<word>(bits::mantissa)) & bits::exponent_mask;
-  const V biased =
-      SPECDEC_BIT_CAST(V, SPECDEC_BIT_CAST(word, bits::int_magic) | field) - bits::int_magic;
-  const V e = (biased - T(bits::bias)) + extra;
-  constexpr word mantissa_mask = (word{1} << static_cast<unsigned>(bits::mantissa)) - 1;
-  const V m = SPECDEC_BIT_CAST(V, (offset & mantissa_mask) + bits::sqrt_half);
-  const V f = m - T(1);
-  const V s = f / (T(2) + f);
-  const V z = s * s;
-  // c<k> = 2 / (k ln 2): log2(m) = c<1> s + s z (c<3> + c<5> z + ...).
-  constexpr auto c = []<int k> { return static_cast<T>(2 * log2e / k); };
-  constexpr T c1 = c.template operator()<1>();
-  constexpr T c3 = c.template operator()<3>();
-  constexpr T c5 = c.template operator()<5>();
-  constexpr T c7 = c.template operator()<7>();
-  constexpr T c9 = c.template operator()<9>();
-  V series;
-  if constexpr (sizeof(T) == 4) {
-    series = c3 + z * (c5 + z * (c7 + z * c9));
-  } else {
-    constexpr T c11 = c.template operator()<11>();
-    constexpr T c13 = c.template operator()<13>();
-    constexpr T c15 = c.template operator()<15>();
-    constexpr T c17 = c.template operator()<17>();
-    constexpr T c19 = c.template operator()<19>();
-    constexpr T c21 = c.template operator()<21>();
-    const V z2 = z * z;
-    const V even = c3 + z2 * (c7 + z2 * (c11 + z2 * (c15 + z2 * c19)));
-    const V odd = c5 + z2 * (c9 + z2 * (c13 + z2 * (c17 + z2 * c21)));
-    series = even + z * odd;
-  }
-  const V result = e + (c1 * s + s * z * series);
-  const V finite = x > T(0) ? result : zero - std::numeric_limits<T>::infinity();
-  x = x < std::numeric_limits<T>::infinity() ? finite : x;
-}
-
-/// y = 2^y lane by lane for y <= 0, flushed like exp_lanes (results below the smallest normal
-/// number, 2^-infinity included, are exactly 0; 2^0 = 1 exactly; NaN stays NaN): y = n + r
-/// with n = round(y) and r = y - n exact (|r| <= 1/2), 2^r = exp(r ln 2) by the same Taylor
-/// series as exp_lanes with the coefficients (ln 2)^k / k!.
-/// Precondition: y is not positive beyond rounding.
-template <class V>
-SPECDEC_KERNEL_INLINE void exp2_lanes(V& y) noexcept {
-  using T = typename lanes_of<V>::scalar;
-  using bits = float_bits<T>;
-  using uint = typename lanes_of<V>::uint;
-  using word = typename bits::uint;
-  constexpr long double ln2 = 0.693147180559945309417232121458176568L;
-  // c[k] = (ln 2)^k / k!
-  constexpr std::array<T, 14> c = [] {
-    std::array<T, 14> out{};
-    long double term = 1;
-    for (int k = 0; k < 14; ++k) {
-      out[static_cast<std::size_t>(k)] = static_cast<T>(term);
-      term = term * ln2 / (k + 1);
-    }
-    return out;
-  }();
-  const V zero{};
-  const V clamped = y < bits::exp2_floor ? zero + bits::exp2_floor : y;
-  const V shifted = clamped + bits::round_magic;
-  const V n = shifted - bits::round_magic;  // round(y), exactly an integer
-  const uint n_bits = SPECDEC_BIT_CAST(uint, shifted) - SPECDEC_BIT_CAST(word, bits::round_magic);
-  const V r = clamped - n;
-  const V r2 = r * r;
-  V p;
-  if constexpr (sizeof(T) == 4) {
-    const V even = T(1) + r2 * (c[2] + r2 * (c[4] + r2 * c[6]));
-    const V odd = c[1] + r2 * (c[3] + r2 * (c[5] + r2 * c[7]));
-    p = even + r * odd;
-  } else {
-    const V even =
-        T(1) + r2 * (c[2] + r2 * (c[4] + r2 * (c[6] + r2 * (c[8] + r2 * (c[10] + r2 * c[12])))));
-    const V odd =
-        c[1] + r2 * (c[3] + r2 * (c[5] + r2 * (c[7] + r2 * (c[9] + r2 * (c[11] + r2 * c[13])))));
-    p = even + r * odd;
-  }
-  // As in exp_lanes: n >= -126 (float) / -1022 (double) and p >= 0.7, so the biased exponent
-  // stays >= 0; results below the smallest normal are flushed.
-  const V scaled = SPECDEC_BIT_CAST(
-      V, SPECDEC_BIT_CAST(uint, p) + (n_bits << static_cast<word>(bits::mantissa)));
-  const V result = scaled < std::numeric_limits<T>::min() ? zero : scaled;
-  y = y == y ? result : y;
-}
-
-/// y = exp(y) lane by lane for y <= 0, flushed: results below the smallest normal number
-/// (exp(-infinity) included) are exactly 0; exp(0) = 1 exactly; NaN stays NaN.
+/// y = exp(y) (base2: 2^y) lane by lane for y <= 0, flushed: results below the smallest
+/// normal number (exp(-infinity) included) are exactly 0; exp(0) = 1 exactly; NaN stays NaN.
+/// y = n ln 2 + r with n = round(y / ln 2) and r in two parts (base 2: y = n + r, exact),
+/// then the Taylor series of exp(r) (base 2: of exp(r ln 2)).
 /// Precondition: y is not positive beyond rounding (larger y give wrong values, never UB).
-template <class V>
-SPECDEC_KERNEL_INLINE void exp_lanes(V& y) noexcept {
+template <bool base2, class V>
+SPECDEC_KERNEL_INLINE void exponential_lanes(V& y) noexcept {
   using T = typename lanes_of<V>::scalar;
   using bits = float_bits<T>;
   using uint = typename lanes_of<V>::uint;
   using word = typename bits::uint;
   constexpr T log2e = T(1.4426950408889634074);
+  constexpr std::array<T, 14> c = exp_coefficients<T, base2>();
+  constexpr T floor = base2 ? bits::exp2_floor : bits::exp_floor;
   const V zero{};
   // Clamping keeps the bit arithmetic below in range (NaN passes, handled at the end).
-  const V clamped = y < bits::exp_floor ? zero + bits::exp_floor : y;
-  const V shifted = clamped * log2e + bits::round_magic;
+  const V clamped = y < floor ? zero + floor : y;
+  V shifted;
+  if constexpr (base2) {
+    shifted = clamped + bits::round_magic;
+  } else {
+    shifted = clamped * log2e + bits::round_magic;
+  }
   const V n = shifted - bits::round_magic;  // round(y / ln 2), exactly an integer
   const uint n_bits = SPECDEC_BIT_CAST(uint, shifted) - SPECDEC_BIT_CAST(word, bits::round_magic);
-  const V r = (clamped - n * bits::ln2_hi) - n * bits::ln2_lo;
-  // The Taylor series of exp(r), as two interleaved Horner chains in r^2.
+  V r;
+  if constexpr (base2) {
+    r = clamped - n;
+  } else {
+    r = (clamped - n * bits::ln2_hi) - n * bits::ln2_lo;
+  }
+  // The Taylor series, as two interleaved Horner chains in r^2.
   const V r2 = r * r;
   V p;
   if constexpr (sizeof(T) == 4) {
-    const V even = T(1) + r2 * (T(1.0 / 2) + r2 * (T(1.0 / 24) + r2 * T(1.0 / 720)));
-    const V odd = T(1) + r2 * (T(1.0 / 6) + r2 * (T(1.0 / 120) + r2 * T(1.0 / 5040)));
+    const V even = c[0] + r2 * (c[2] + r2 * (c[4] + r2 * c[6]));
+    const V odd = c[1] + r2 * (c[3] + r2 * (c[5] + r2 * c[7]));
     p = even + r * odd;
   } else {
     const V even =
-        T(1) +
-        r2 * (T(1.0 / 2) +
-              r2 * (T(1.0 / 24) +
-                    r2 * (T(1.0 / 720) + r2 * (T(1.0 / 40320) + r2 * (T(1.0 / 3628800) +
-                                                                      r2 * T(1.0 / 479001600))))));
+        c[0] + r2 * (c[2] + r2 * (c[4] + r2 * (c[6] + r2 * (c[8] + r2 * (c[10] + r2 * c[12])))));
     const V odd =
-        T(1) + r2 * (T(1.0 / 6) +
-                     r2 * (T(1.0 / 120) +
-                           r2 * (T(1.0 / 5040) +
-                                 r2 * (T(1.0 / 362880) +
-                                       r2 * (T(1.0 / 39916800) + r2 * T(1.0 / 6227020800.0))))));
+        c[1] + r2 * (c[3] + r2 * (c[5] + r2 * (c[7] + r2 * (c[9] + r2 * (c[11] + r2 * c[13])))));
     p = even + r * odd;
   }
   // n >= -126 (float) / -1022 (double) here and p >= 0.7, so the biased exponent stays >= 0;
   // where it reaches 0 the bits read as a number below the smallest normal, flushed below
-  // (exp(exp_floor) is below it too, so clamped exponents come out as 0).
+  // (2^n p at the floor is below it too, so clamped exponents come out as 0).
   const V scaled = SPECDEC_BIT_CAST(
       V, SPECDEC_BIT_CAST(uint, p) + (n_bits << static_cast<word>(bits::mantissa)));
   const V result = scaled < std::numeric_limits<T>::min() ? zero : scaled;
   y = y == y ? result : y;
+}
+
+template <class V>
+SPECDEC_KERNEL_INLINE void log_lanes(V& x) noexcept {
+  logarithm_lanes<false>(x);
+}
+template <class V>
+SPECDEC_KERNEL_INLINE void log2_lanes(V& x) noexcept {
+  logarithm_lanes<true>(x);
+}
+template <class V>
+SPECDEC_KERNEL_INLINE void exp_lanes(V& y) noexcept {
+  exponential_lanes<false>(y);
+}
+template <class V>
+SPECDEC_KERNEL_INLINE void exp2_lanes(V& y) noexcept {
+  exponential_lanes<true>(y);
 }
 
 /// x = (x / top)^scale = 2^((log2(x) - log2_top) * scale) lane by lane, with log2_top =
