@@ -29,31 +29,38 @@ long double ulp_error(T got, long double exact) {
          (static_cast<long double>(next) - static_cast<long double>(magnitude));
 }
 
-/// The largest ulp error of `f` (exp-like: exact(y) = expl(y)) over `count` arguments in
-/// [floor, 0] whose exact result is a normal T.
-template <class T, class F>
+/// The largest ulp error of `f` (exp-like: exact(y) = expl(y), base2: 2^y) over `count`
+/// arguments in [floor, 0] whose exact result is a normal T.
+template <class T, bool base2 = false, class F>
 long double worst_exp_error(F f, std::size_t count, specdec::xoshiro256pp& g) {
-  const long double floor = std::log(static_cast<long double>(std::numeric_limits<T>::min()));
+  const auto smallest = static_cast<long double>(std::numeric_limits<T>::min());
+  const long double floor = base2 ? std::log2(smallest) : std::log(smallest);
   long double worst = 0;
   for (std::size_t i = 0; i < count; ++i) {
     const auto y = static_cast<T>(floor * static_cast<long double>(specdec::uniform01<double>(g)));
-    const long double exact = std::exp(static_cast<long double>(y));
-    if (exact < static_cast<long double>(std::numeric_limits<T>::min()) * 1.001L) continue;
+    const auto wide = static_cast<long double>(y);
+    const long double exact = base2 ? std::exp2(wide) : std::exp(wide);
+    if (exact < smallest * 1.001L) continue;
     worst = std::max(worst, ulp_error(f(y), exact));
   }
   return worst;
 }
 
-/// The same for exp2-like f: exact(y) = 2^y over [log2(min), 0].
-template <class T, class F>
-long double worst_exp2_error(F f, std::size_t count, specdec::xoshiro256pp& g) {
-  const long double floor = std::log2(static_cast<long double>(std::numeric_limits<T>::min()));
+/// The largest ulp error of `f` (log-like: exact(x) = logl(x), base2: log2l(x)) over 200
+/// arguments in every binade of positive finite T, subnormals included (x = 1, where the
+/// exact result is 0, is left to the special values).
+template <class T, bool base2 = false, class F>
+long double worst_log_error(F f, specdec::xoshiro256pp& g) {
   long double worst = 0;
-  for (std::size_t i = 0; i < count; ++i) {
-    const auto y = static_cast<T>(floor * static_cast<long double>(specdec::uniform01<double>(g)));
-    const long double exact = std::exp2(static_cast<long double>(y));
-    if (exact < static_cast<long double>(std::numeric_limits<T>::min()) * 1.001L) continue;
-    worst = std::max(worst, ulp_error(f(y), exact));
+  const int lowest = std::numeric_limits<T>::min_exponent - std::numeric_limits<T>::digits;
+  const int highest = std::numeric_limits<T>::max_exponent;
+  for (int exponent = lowest; exponent < highest; ++exponent) {
+    for (int i = 0; i < 200; ++i) {
+      const T x = std::ldexp(static_cast<T>(1.0 + specdec::uniform01<double>(g)), exponent);
+      if (!(x > T(0)) || !(x < std::numeric_limits<T>::infinity()) || x == T(1)) continue;
+      const auto wide = static_cast<long double>(x);
+      worst = std::max(worst, ulp_error(f(x), base2 ? std::log2(wide) : std::log(wide)));
+    }
   }
   return worst;
 }
@@ -69,17 +76,7 @@ TEMPLATE_TEST_CASE("vector_math: log within 2 ulp over every binade, subnormals 
                    "[vector_math]", float, double) {
   using T = TestType;
   specdec::xoshiro256pp g(11);
-  long double worst = 0;
-  const int lowest = std::numeric_limits<T>::min_exponent - std::numeric_limits<T>::digits;
-  const int highest = std::numeric_limits<T>::max_exponent;
-  for (int exponent = lowest; exponent < highest; ++exponent) {
-    for (int i = 0; i < 200; ++i) {
-      const T x = std::ldexp(static_cast<T>(1.0 + specdec::uniform01<double>(g)), exponent);
-      if (!(x > T(0)) || !(x < std::numeric_limits<T>::infinity())) continue;
-      worst =
-          std::max(worst, ulp_error(sd::log_positive(x), std::log(static_cast<long double>(x))));
-    }
-  }
+  const long double worst = worst_log_error<T>([](T x) { return sd::log_positive(x); }, g);
   INFO("worst log error " << static_cast<double>(worst) << " ulp");
   CHECK(worst <= 2.0L);
   CHECK(worst > 0.5L);  // the measurement sees rounding at all
@@ -107,17 +104,7 @@ TEMPLATE_TEST_CASE("vector_math: log2 within 3 ulp over every binade, subnormals
                    "[vector_math]", float, double) {
   using T = TestType;
   specdec::xoshiro256pp g(14);
-  long double worst = 0;
-  const int lowest = std::numeric_limits<T>::min_exponent - std::numeric_limits<T>::digits;
-  const int highest = std::numeric_limits<T>::max_exponent;
-  for (int exponent = lowest; exponent < highest; ++exponent) {
-    for (int i = 0; i < 200; ++i) {
-      const T x = std::ldexp(static_cast<T>(1.0 + specdec::uniform01<double>(g)), exponent);
-      if (!(x > T(0)) || !(x < std::numeric_limits<T>::infinity()) || x == T(1)) continue;
-      worst =
-          std::max(worst, ulp_error(sd::log2_positive(x), std::log2(static_cast<long double>(x))));
-    }
-  }
+  const long double worst = worst_log_error<T, true>([](T x) { return sd::log2_positive(x); }, g);
   // 2.45 (float) and 2.54 (double) measured: the series' leading term c1 s rounds twice
   // where log's 2 s is exact; tempered weights carry |s log x| ulp from the exponent anyway.
   INFO("worst log2 error " << static_cast<double>(worst) << " ulp");
@@ -132,14 +119,14 @@ TEMPLATE_TEST_CASE(
   using T = TestType;
   specdec::xoshiro256pp g(15);
   const auto ours = [](T y) { return sd::exp2_nonpositive(y); };
-  const long double worst = worst_exp2_error<T>(ours, 400000, g);
+  const long double worst = worst_exp_error<T, true>(ours, 400000, g);
   INFO("worst exp2 error " << static_cast<double>(worst) << " ulp");
   CHECK(worst <= 2.5L);
   const auto off = [](T y) {
     return sd::exp2_nonpositive(y) * (T(1) + 4 * std::numeric_limits<T>::epsilon());
   };
   specdec::xoshiro256pp g2(15);
-  CHECK(worst_exp2_error<T>(off, 400000, g2) > 2.5L);
+  CHECK(worst_exp_error<T, true>(off, 400000, g2) > 2.5L);
   // Exact at integers: 2^-k is a power of two.
   for (int k = 0; k <= 100; ++k)
     CHECK(sd::exp2_nonpositive(static_cast<T>(-k)) == std::ldexp(T(1), -k));
