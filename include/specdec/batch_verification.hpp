@@ -361,7 +361,7 @@ class BatchVerifier {
   // standardized whole into the workspace's block rows).
   static bool uses_block_rows(const SequenceOptions& options, std::size_t vocab_size) noexcept {
     const SamplingOptions& s = options.sampling;
-    return options.uses_block() && !s.identity() && !(s.top_k != 0 && s.top_k < vocab_size);
+    return options.uses_block() && !s.identity() && !s.sparse_for(vocab_size);
   }
 
   // Sizes every workspace for this batch here, in the calling thread: which workspace meets
@@ -453,10 +453,10 @@ class BatchVerifier {
       if (options.proposals) return verify_speculative_proposals(drafts, target, g, verification);
       return verify_speculative(drafts, batch.draft(b), target, g, verification);
     }
-    // Standardized rows, each when the decisions first read it (as the decoder does).
+    // Standardized rows, each when the decisions first read it (as the decoder does), in the
+    // workspace prepare_workspaces sized.
     const std::size_t vocab_size = batch.vocab_size();
-    if (work.p.size() < vocab_size) work.p.resize(vocab_size);
-    if (work.q.size() < vocab_size) work.q.resize(vocab_size);
+    SPECDEC_ASSERT(work.p.size() >= vocab_size && work.q.size() >= vocab_size);
     if (!(work.standardizer.options() == options.sampling)) {
       work.standardizer.set_options(options.sampling);  // validated by the caller
     }
@@ -518,9 +518,8 @@ class BatchVerifier {
     const RowsView<const T> draft = batch.draft(b);
     const std::size_t vocab_size = batch.vocab_size();
     const std::size_t gamma = drafts.size();
-    if (work.block_p.size() < (gamma + 1) * vocab_size)
-      work.block_p.resize((gamma + 1) * vocab_size);
-    if (work.block_q.size() < gamma * vocab_size) work.block_q.resize(gamma * vocab_size);
+    SPECDEC_ASSERT(work.block_p.size() >= (gamma + 1) * vocab_size &&
+                   work.block_q.size() >= gamma * vocab_size);  // prepare_workspaces
     for (std::size_t i = 0; i <= gamma; ++i) {
       work.standardizer.apply(std::span<const T>(target.row(i)),
                               std::span<T>(work.block_p.data() + i * vocab_size, vocab_size));

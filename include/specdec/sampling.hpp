@@ -78,6 +78,12 @@ struct SamplingOptions {
     return temperature == 1.0 && top_k == 0 && top_p == 1.0 && min_p == 0.0;
   }
 
+  /// Whether rows of `vocab_size` entries are truncated by top-k (0 < top_k < vocab_size) at
+  /// T > 0, so that at most top_k tokens survive (Standardizer::apply_sparse applies).
+  [[nodiscard]] constexpr bool sparse_for(std::size_t vocab_size) const noexcept {
+    return !greedy() && top_k != 0 && top_k < vocab_size;
+  }
+
   /// Throws specdec::error (errc::invalid_option) naming the first option out of range.
   void validate() const {
     if (!(temperature >= 0.0 && temperature <= std::numeric_limits<double>::max())) {
@@ -270,7 +276,7 @@ class Standardizer {
   /// Whether apply_sparse applies to rows of `vocab_size` entries: truncation by top-k
   /// (0 < top_k < vocab_size) at T > 0, so that at most top_k tokens survive.
   [[nodiscard]] bool sparse_for(std::size_t vocab_size) const noexcept {
-    return !options_.greedy() && options_.top_k != 0 && options_.top_k < vocab_size;
+    return options_.sparse_for(vocab_size);
   }
 
   /// apply() for rows truncated by top-k (sparse_for(size) must hold), without writing the
