@@ -181,6 +181,30 @@ class DraftStage {
   }
 
  private:
+  // What draw_identity's pass does with each block of the row before summing it: copy it
+  // (unless in place), screen it, take its maximum. A named type rather than a lambda in
+  // draw_identity, so that the pass is compiled once per row form, not once per generator.
+  template <bool in_place, class U, bool screened, bool with_maximum>
+  struct identity_pass_hook {
+    const U* row;
+    T* copy;
+    detail::sign_screen<U>* screen;
+    detail::lane_sum<U>* raw_sum;
+    detail::row_maximum<U>* maximum;
+
+    SPECDEC_KERNEL_INLINE void operator()(std::size_t first, std::size_t count) const noexcept {
+      const U* in = row + first;
+      if constexpr (!in_place) {
+        for (std::size_t j = 0; j < count; ++j) copy[first + j] = static_cast<T>(in[j]);
+      }
+      if constexpr (screened) {
+        screen->add(in, count);
+        if constexpr (!std::is_same_v<U, T>) raw_sum->add(in, count);
+      }
+      if constexpr (with_maximum) maximum->add(in, count);
+    }
+  };
+
   // A draft token from a row at T = 1 without truncation, in ONE pass over the row (see the
   // header comment); then one draw walks one superblock of the mass table.
   template <bool in_place, class U, class G>
@@ -205,20 +229,9 @@ class DraftStage {
     detail::row_maximum<U> maximum;
     detail::mass_table table;
     const auto pass = [&](auto screened, auto with_maximum) {
-      detail::build_mass_table(source, table,
-                               [&](std::size_t first, std::size_t count) SPECDEC_LAMBDA_INLINE {
-                                 const U* in = row.data() + first;
-                                 if constexpr (!in_place) {
-                                   for (std::size_t j = 0; j < count; ++j)
-                                     copy[first + j] = static_cast<T>(in[j]);
-                                 }
-                                 if constexpr (decltype(screened)::value) {
-                                   screen.add(in, count);
-                                   if constexpr (converted) raw_sum.add(in, count);
-                                 }
-                                 if constexpr (decltype(with_maximum)::value)
-                                   maximum.add(in, count);
-                               });
+      identity_pass_hook<in_place, U, decltype(screened)::value, decltype(with_maximum)::value>
+          hook{row.data(), copy, &screen, &raw_sum, &maximum};
+      detail::build_mass_table(source, table, hook);
     };
     if (checks.validate_rows()) {
       if (want_top) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "specdec/concepts.hpp"
+#include "specdec/detail/function_ref.hpp"
 #include "specdec/error.hpp"
 #include "specdec/rows.hpp"
 #include "specdec/sampling.hpp"
@@ -58,13 +59,14 @@ class ScoreStage {
   /// Scores context + drafts[0..i) for i = 0..drafts.size() and hands the rows to
   /// `verify(rows, in_place, load_through)`: `rows` are the model's own rows (`in_place`:
   /// not yet validated, so the passes that read them screen them) or the stage's dense rows
-  /// (in sparse mode read survivors(i) instead); `load_through(i)` must be called before any
-  /// read of row i. `calls` counts the target calls.
+  /// (in sparse mode read survivors(i) instead); `load_through(i)` (a detail::row_loader) must be
+  /// called before any read of row i. `calls` counts the target calls.
   template <class Model, class Verify>
   void score(Model& target, std::span<const token_id> context, std::span<const token_id> drafts,
              Standardizer<T>& standardizer, const StepChecks& checks, std::size_t& calls,
              Verify&& verify) {
     const std::size_t count = drafts.size() + 1;
+    const auto loaded_already = [](std::size_t) {};
     // Empty where rows are used in place or kept as survivors.
     const RowsView<const T> stage_rows(rows_.data(), rows_.empty() ? 0 : count, vocab_size_);
     if constexpr (BatchedLanguageModel<Model>) {
@@ -82,17 +84,18 @@ class ScoreStage {
       }
       if constexpr (std::is_same_v<scored_scalar, T>) {
         if (in_place<Model>(standardizer.options())) {
-          verify(rows, true, [](std::size_t) {});
+          verify(rows, true, detail::row_loader(loaded_already));
           return;
         }
       }
       // Lazily: the scored block outlives the verification.
       std::size_t loaded = 0;
-      verify(stage_rows, false, [&](std::size_t i) {
+      const auto load_through = [&](std::size_t i) {
         for (; loaded <= i; ++loaded) {
           load(std::span<const scored_scalar>(rows.row(loaded)), loaded, standardizer, checks);
         }
-      });
+      };
+      verify(stage_rows, false, detail::row_loader(load_through));
     } else {
       for (std::size_t i = 0; i < count; ++i) {
         const std::span<const token_id> prefix(context.data(), context.size() + i);
@@ -102,7 +105,7 @@ class ScoreStage {
         ++calls;
         load(as_span(returned), i, standardizer, checks);
       }
-      verify(stage_rows, false, [](std::size_t) {});
+      verify(stage_rows, false, detail::row_loader(loaded_already));
     }
   }
 

@@ -645,7 +645,7 @@ class SpeculativeDecoder {
     StepVerdict verdict;
     score_stage_.score(
         *target_, context, drafts, standardizer_, checks_, result.target_calls,
-        [&](RowsView<const value_type> rows, bool in_place, auto&& load_through) {
+        [&](RowsView<const value_type> rows, bool in_place, detail::row_loader load_through) {
           if (options_.sampling.greedy()) {
             verdict = verify_greedy_rows(drafts, rows, rules, checks_, load_through);
           } else if (sparse_mode()) {

@@ -12,17 +12,21 @@
 //    BatchVerifier (batch_verification.hpp).
 //  - verify_greedy_rows: argmax scans until the first mismatch, validation inside them.
 // `load_through(i)` makes rows 0..i readable (the score stage loads lazily) and is called
-// before any read of row i.
+// before any read of row i. The per-row callbacks are function_refs, not template
+// parameters, so that each kernel is compiled once per scalar type and generator rather
+// than once per decoder type (detail/function_ref.hpp).
 #pragma once
 
 #include <algorithm>
 #include <cstddef>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "specdec/block_verification.hpp"
 #include "specdec/config.hpp"
 #include "specdec/detail/decoder_kernels.hpp"
+#include "specdec/detail/function_ref.hpp"
 #include "specdec/detail/row_kernels.hpp"
 #include "specdec/detail/sparse_rows.hpp"
 #include "specdec/draft_stage.hpp"
@@ -47,6 +51,10 @@ struct StepVerdict {
   std::size_t beta_positions = 0;  ///< how many positions beta_sum covers (collect_beta)
 };
 
+/// Row i's survivors (rows truncated by top-k), loading them when first asked.
+template <class T>
+using survivor_rows = detail::function_ref<detail::sparse_row<T>(std::size_t)>;
+
 /// The rules of a step's verification (DecoderOptions' lenience, collect_beta).
 struct VerifyRules {
   double lenience = 1.0;
@@ -55,10 +63,10 @@ struct VerifyRules {
 
 /// Greedy verification over dense rows: exact match (verify_greedy), validated inside its
 /// argmax scans (validate_rows). Beta with one-hot p and q: 1 where x_i matched, else 0.
-template <class T, class LoadThrough>
+template <class T>
 StepVerdict verify_greedy_rows(std::span<const token_id> drafts, RowsView<const T> target_rows,
                                const VerifyRules& rules, const StepChecks& checks,
-                               LoadThrough&& load_through) {
+                               detail::row_loader load_through) {
   load_through(drafts.size());  // verify_greedy takes the rows as one view
   VerificationResult verdict;
   if (checks.validate_rows()) {
@@ -82,10 +90,10 @@ StepVerdict verify_greedy_rows(std::span<const token_id> drafts, RowsView<const 
 /// on each proposal. `screen`: the rows are the model's own and not yet validated; each row
 /// the step reads is then screened in the pass that reads it (p_1..p_n in their beta pass or
 /// a pass of their own, p_{n+1} in the draw's pass), and only those rows.
-template <bool model_drafts, class T, class G, class LoadThrough>
+template <bool model_drafts, class T, class G>
 StepVerdict verify_dense(std::span<const token_id> drafts, RowsView<const T> target_rows,
                          const DraftStage<T>& q, bool screen, const VerifyRules& rules,
-                         const StepChecks& checks, G& g, LoadThrough&& load_through) {
+                         const StepChecks& checks, G& g, detail::row_loader load_through) {
   const std::size_t drafted = drafts.size();
   const std::size_t vocab_size = target_rows.cols();
   const double lenience = rules.lenience;
@@ -133,8 +141,7 @@ StepVerdict verify_dense(std::span<const token_id> drafts, RowsView<const T> tar
   // The one draw: from the residual at position n + 1, or the bonus token from p_{gamma+1}.
   const std::span<const T> p(target_rows.row(n));
   detail::row_screen<T> p_screen;
-  const auto screen_block = [&](std::size_t first, std::size_t count)
-                                SPECDEC_LAMBDA_INLINE { p_screen.add(p.data() + first, count); };
+  detail::row_screen_hook<T> screen_block{&p_screen, p.data()};
   const double u = uniform01<double>(g);
   StepVerdict out;
   out.accepted = n;
@@ -186,10 +193,10 @@ StepVerdict verify_dense(std::span<const token_id> drafts, RowsView<const T> tar
 /// when `screen`), which the residual draw walks if the scan stops at i. Accepted rows are
 /// read whole only for beta and validation, as in verify_dense; beta_{n+1} takes a pass of
 /// its own (the block residual's mass is not 1 - beta).
-template <class T, class G, class LoadThrough>
+template <class T, class G>
 StepVerdict verify_dense_block(std::span<const token_id> drafts, RowsView<const T> target_rows,
                                const DraftStage<T>& q, bool screen, const VerifyRules& rules,
-                               const StepChecks& checks, G& g, LoadThrough&& load_through) {
+                               const StepChecks& checks, G& g, detail::row_loader load_through) {
   const std::size_t drafted = drafts.size();
   const std::size_t vocab_size = target_rows.cols();
   detail::prefix_ratios rho(drafted);
@@ -207,15 +214,14 @@ StepVerdict verify_dense_block(std::span<const token_id> drafts, RowsView<const 
   StepVerdict out;
   detail::row_screen<T> p_screen;
   std::span<const T> p;
-  const auto screen_block = [&](std::size_t first, std::size_t count)
-                                SPECDEC_LAMBDA_INLINE { p_screen.add(p.data() + first, count); };
+  const auto screen_block = [&] { return detail::row_screen_hook<T>{&p_screen, p.data()}; };
   std::size_t n = drafted;
   if (drafted > 0 && uniform01<double>(g) < rho[drafted]) {  // h_gamma = rho_gamma
     load_through(drafted);
     p = target_rows.row(drafted);
     const double u = uniform01<double>(g);
     out.token =
-        screen ? detail::draw_from_target(p, u, screen_block) : detail::draw_from_target(p, u);
+        screen ? detail::draw_from_target(p, u, screen_block()) : detail::draw_from_target(p, u);
     if (screen) checks.check_screen(p_screen, p, "target", drafted);
     out.source = token_source::bonus;
   } else {
@@ -239,7 +245,7 @@ StepVerdict verify_dense_block(std::span<const token_id> drafts, RowsView<const 
       detail::mass_table table;
       p_screen = {};
       if (screen) {
-        detail::build_mass_table(source, table, screen_block);
+        detail::build_mass_table(source, table, screen_block());
         checks.check_screen(p_screen, p, "target", i);
       } else {
         detail::build_mass_table(source, table);
@@ -259,7 +265,7 @@ StepVerdict verify_dense_block(std::span<const token_id> drafts, RowsView<const 
       p = target_rows.row(0);
       const double u = uniform01<double>(g);
       out.token =
-          screen ? detail::draw_from_target(p, u, screen_block) : detail::draw_from_target(p, u);
+          screen ? detail::draw_from_target(p, u, screen_block()) : detail::draw_from_target(p, u);
       if (screen) checks.check_screen(p_screen, p, "target", 0);
       out.source = token_source::bonus;
       n = 0;
@@ -298,8 +304,10 @@ StepVerdict verify_dense_block(std::span<const token_id> drafts, RowsView<const 
 /// Block verification over rows truncated by top-k, kept as their survivors: rho from two
 /// survivors' weights per position, Z and the residual over p's survivors
 /// (sparse_scaled_residual into `residual`, top_k weights).
-template <class T, class P, class Q, class G>
-StepVerdict verify_survivors_block(std::span<const token_id> drafts, P&& p, Q&& q,
+template <class T, class G>
+StepVerdict verify_survivors_block(std::span<const token_id> drafts,
+                                   std::type_identity_t<survivor_rows<T>> p,
+                                   std::type_identity_t<survivor_rows<T>> q,
                                    const VerifyRules& rules, G& g, T* residual) {
   const std::size_t drafted = drafts.size();
   detail::prefix_ratios rho(drafted);
@@ -357,8 +365,10 @@ StepVerdict verify_survivors_block(std::span<const token_id> drafts, P&& p, Q&& 
 /// not called for proposals), `residual` holds top_k weights. Decisions, uniforms and draws
 /// are those of the dense standardized rows (the survivors' weights are the dense row's
 /// non-zero entries bitwise; the final draw sums the survivors in id order).
-template <class T, class P, class Q, class G>
-StepVerdict verify_survivors(std::span<const token_id> drafts, P&& p, Q&& q, bool proposals,
+template <class T, class G>
+StepVerdict verify_survivors(std::span<const token_id> drafts,
+                             std::type_identity_t<survivor_rows<T>> p,
+                             std::type_identity_t<survivor_rows<T>> q, bool proposals,
                              const VerifyRules& rules, G& g, T* residual) {
   const std::size_t drafted = drafts.size();
   const double lenience = rules.lenience;

@@ -143,6 +143,19 @@ struct row_screen {
   }
 };
 
+/// A build_mass_table hook that screens the blocks of `row` as the pass reads them (the
+/// decoder's in-place target rows). A named type rather than a lambda so that the passes
+/// it is fused into are compiled once per scalar type, not once per calling function.
+template <class T>
+struct row_screen_hook {
+  row_screen<T>* screen;
+  const T* row;
+
+  SPECDEC_KERNEL_INLINE void operator()(std::size_t first, std::size_t count) const noexcept {
+    screen->add(row + first, count);
+  }
+};
+
 /// Largest entry of a non-empty row, NaN entries passed over (greedy's dispatched scan,
 /// span_max). A row of only NaN and -infinity entries with at least one NaN gives NaN, so
 /// that a NaN row is reported as such.
