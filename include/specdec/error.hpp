@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 namespace specdec {
@@ -74,12 +75,30 @@ class error : public std::runtime_error {
 
 namespace detail {
 
-/// Builds the message from streamable parts and throws `specdec::error`.
+/// A message part as throw_error streams it: character arrays (string literals) as
+/// string_views, so that literals of different lengths share one instantiation of the
+/// message builder; anything else as it is.
+template <class Part>
+[[nodiscard]] decltype(auto) message_part(const Part& part) noexcept {
+  if constexpr (std::is_array_v<Part>) {
+    return std::string_view(part);
+  } else {
+    return (part);
+  }
+}
+
+/// throw_error's message builder, for parts whose arrays are already views.
 template <class... Parts>
-[[noreturn]] void throw_error(errc code, const Parts&... parts) {
+[[noreturn]] void throw_error_from_parts(errc code, const Parts&... parts) {
   std::ostringstream message;
   (message << ... << parts);
   throw error(code, message.str());
+}
+
+/// Builds the message from streamable parts and throws `specdec::error`.
+template <class... Parts>
+[[noreturn]] void throw_error(errc code, const Parts&... parts) {
+  throw_error_from_parts(code, message_part(parts)...);
 }
 
 /// The message of a specdec::error without the "specdec: <code>: " prefix error adds.
