@@ -368,15 +368,17 @@ class BatchVerifier {
   // which sequence depends on the threads' timing, so a workspace grown lazily inside a task
   // could first grow in any later batch of the same shape, and a warm step must not allocate.
   // Standardized sequences need reserve(V); block-verified ones the block rows of the largest
-  // gamma among them.
+  // gamma among them; top-k ones (verify_sparse) survivor buffers of the largest top_k.
   void prepare_workspaces(const RaggedBatch<T>& batch, std::span<const SequenceOptions> options) {
     const std::size_t vocab_size = batch.vocab_size();
     bool standardized = false;
-    std::size_t rows = 0;  // target rows of the block-verified sequences: gamma + 1
+    std::size_t rows = 0;   // target rows of the block-verified sequences: gamma + 1
+    std::size_t width = 0;  // survivors per row of the top-k sequences (verify_sparse)
     for (std::size_t b = 0; b < options.size(); ++b) {
       const SamplingOptions& s = options[b].sampling;
       if (s.greedy() || s.identity()) continue;
       standardized = true;
+      if (s.sparse_for(vocab_size)) width = std::max(width, s.top_k);
       if (uses_block_rows(options[b], vocab_size)) {
         rows = std::max(rows, batch.drafts(b).size() + 1);
       }
@@ -387,6 +389,12 @@ class BatchVerifier {
       reserve(vocab_size);
     }
     for (workspace& work : workspaces_) {
+      for (auto* ids : {&work.p_ids, &work.q_ids}) {
+        if (ids->size() < width) ids->resize(width);
+      }
+      for (auto* weights : {&work.p_weights, &work.q_weights, &work.residual}) {
+        if (weights->size() < width) weights->resize(width);
+      }
       if (work.block_p.size() < rows * vocab_size) work.block_p.resize(rows * vocab_size);
       if (rows > 0 && work.block_q.size() < (rows - 1) * vocab_size) {
         work.block_q.resize((rows - 1) * vocab_size);
@@ -540,13 +548,10 @@ class BatchVerifier {
   static VerificationResult verify_sparse(const RaggedBatch<T>& batch, std::size_t b,
                                           const SequenceOptions& options, workspace& work,
                                           xoshiro256pp& g) {
-    const std::size_t width = options.sampling.top_k;
-    for (auto* ids : {&work.p_ids, &work.q_ids}) {
-      if (ids->size() < width) ids->resize(width);
-    }
-    for (auto* weights : {&work.p_weights, &work.q_weights, &work.residual}) {
-      if (weights->size() < width) weights->resize(width);
-    }
+    [[maybe_unused]] const std::size_t width = options.sampling.top_k;
+    SPECDEC_ASSERT(work.p_ids.size() >= width && work.q_ids.size() >= width &&
+                   work.p_weights.size() >= width && work.q_weights.size() >= width &&
+                   work.residual.size() >= width);  // prepare_workspaces
     const std::span<const token_id> drafts = batch.drafts(b);
     const RowsView<const T> target = batch.target(b);
     const RowsView<const T> draft = batch.draft(b);
