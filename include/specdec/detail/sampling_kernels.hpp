@@ -30,13 +30,12 @@ inline constexpr std::size_t sampling_lanes = 16;
 /// Entries summed in T before the partial sum is widened to double.
 inline constexpr std::size_t sampling_block = 256;
 
-/// Pairwise sum of the lanes in a fixed order.
+/// Pairwise sum of the lanes in a fixed order (pairwise_sum16: halves added, then quarters,
+/// then (l[0] + l[2]) + (l[1] + l[3])).
 template <class T>
-[[nodiscard]] inline T reduce_sampling_lanes(std::array<T, sampling_lanes> lanes) noexcept {
-  for (std::size_t width = sampling_lanes / 2; width != 0; width /= 2) {
-    for (std::size_t k = 0; k < width; ++k) lanes[k] += lanes[k + width];
-  }
-  return lanes[0];
+[[nodiscard]] inline T reduce_sampling_lanes(const std::array<T, sampling_lanes>& lanes) noexcept {
+  static_assert(sampling_lanes == 16);
+  return pairwise_sum16(lanes.data());
 }
 
 /// Sum of `size` entries: blocks of `sampling_block` entries are summed in T with
