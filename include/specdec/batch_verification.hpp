@@ -286,10 +286,7 @@ class BatchVerifier {
     for (workspace& work : workspaces_) {
       if (work.p.size() < vocab_size) work.p.resize(vocab_size);
       if (work.q.size() < vocab_size) work.q.resize(vocab_size);
-      for (auto* ids : {&work.p_ids, &work.q_ids}) ids->reserve(vocab_size);
-      for (auto* weights : {&work.p_weights, &work.q_weights, &work.residual}) {
-        weights->reserve(vocab_size);
-      }
+      work.each_survivor_buffer([&](auto& buffer) { buffer.reserve(vocab_size); });
       const SamplingOptions kept = work.standardizer.options();
       // Top-k below V and top-p together reserve every buffer apply() may use.
       work.standardizer.set_options({.top_k = 1, .top_p = 0.5});
@@ -355,6 +352,21 @@ class BatchVerifier {
     std::vector<T> p_weights, q_weights, residual;
     // Block verification over standardized dense rows: all p and q rows of the sequence.
     std::vector<T> block_p, block_q;
+
+    // `f(buffer)` for each of the survivor buffers above.
+    template <class F>
+    void each_survivor_buffer(F&& f) {
+      f(p_ids);
+      f(q_ids);
+      f(p_weights);
+      f(q_weights);
+      f(residual);
+    }
+    // Survivors the buffers hold room for: the smallest of their sizes.
+    [[nodiscard]] std::size_t survivor_width() const noexcept {
+      return std::min(
+          {p_ids.size(), q_ids.size(), p_weights.size(), q_weights.size(), residual.size()});
+    }
   };
 
   // Whether a sequence with these options is verified by verify_block_standardized (its rows
@@ -389,12 +401,9 @@ class BatchVerifier {
       reserve(vocab_size);
     }
     for (workspace& work : workspaces_) {
-      for (auto* ids : {&work.p_ids, &work.q_ids}) {
-        if (ids->size() < width) ids->resize(width);
-      }
-      for (auto* weights : {&work.p_weights, &work.q_weights, &work.residual}) {
-        if (weights->size() < width) weights->resize(width);
-      }
+      work.each_survivor_buffer([&](auto& buffer) {
+        if (buffer.size() < width) buffer.resize(width);
+      });
       if (work.block_p.size() < rows * vocab_size) work.block_p.resize(rows * vocab_size);
       if (rows > 0 && work.block_q.size() < (rows - 1) * vocab_size) {
         work.block_q.resize((rows - 1) * vocab_size);
@@ -548,10 +557,7 @@ class BatchVerifier {
   static VerificationResult verify_sparse(const RaggedBatch<T>& batch, std::size_t b,
                                           const SequenceOptions& options, workspace& work,
                                           xoshiro256pp& g) {
-    [[maybe_unused]] const std::size_t width = options.sampling.top_k;
-    SPECDEC_ASSERT(work.p_ids.size() >= width && work.q_ids.size() >= width &&
-                   work.p_weights.size() >= width && work.q_weights.size() >= width &&
-                   work.residual.size() >= width);  // prepare_workspaces
+    SPECDEC_ASSERT(work.survivor_width() >= options.sampling.top_k);  // prepare_workspaces
     const std::span<const token_id> drafts = batch.drafts(b);
     const RowsView<const T> target = batch.target(b);
     const RowsView<const T> draft = batch.draft(b);
