@@ -23,6 +23,7 @@
 #include "specdec/error.hpp"
 #include "specdec/kernel_path.hpp"
 #include "specdec/random.hpp"
+#include "specdec/residual_distribution.hpp"
 #include "specdec/sampling.hpp"
 #include "support/statistics.hpp"
 
@@ -169,9 +170,10 @@ TEMPLATE_TEST_CASE("kernel_path: every path finds the same argmax and the same b
 TEMPLATE_TEST_CASE("kernel_path: every path builds the same mass tables and screens bitwise",
                    "[kernel_path]", float, double) {
   // The streaming passes behind every draw and every fused validation (build_mass_table
-  // with a screening hook, overlap_mass, plausible_probability_row): totals, superblock
-  // masses, beta and screen verdicts must be bitwise equal on all paths, for rows of every
-  // length around the block sizes, with negative and NaN entries sometimes.
+  // with a screening hook and without one, overlap_mass, plausible_probability_row) and the
+  // draws from the tables: totals, superblock masses, beta, screen verdicts and tokens
+  // must be equal, bitwise, on all paths, for rows of every length around the block
+  // sizes, with negative and NaN entries sometimes.
   using T = TestType;
   const ResetKernelPath reset;
   const auto paths = supported_paths();
@@ -195,6 +197,8 @@ TEMPLATE_TEST_CASE("kernel_path: every path builds the same mass tables and scre
       bool signs = false;
       double overlap = 0.0;
       bool plausible = false;
+      std::vector<double> plain;  // hookless tables: totals and cumulative masses
+      std::vector<std::size_t> draws;
     };
     std::vector<Outcome> outcomes;
     for (const kernel_path path : paths) {
@@ -215,6 +219,22 @@ TEMPLATE_TEST_CASE("kernel_path: every path builds the same mass tables and scre
       outcome.overlap =
           specdec::detail::overlap_mass<true>(p.data(), q.data(), T(0.75), size, overlap_screen);
       outcome.plausible = specdec::detail::plausible_probability_row(p.data(), size, 1e-3);
+      // Passes without a hook (an AVX-512 build of their own on the AVX-512 path): the
+      // table and a draw for each source the decoder draws from.
+      const double u = static_cast<double>(trial) / 120.0;
+      const auto plain = [&](const auto& source) {
+        specdec::detail::mass_table plain_table;
+        specdec::detail::build_mass_table(source, plain_table);
+        outcome.plain.push_back(plain_table.total);
+        for (std::size_t s = 0; s < plain_table.superblocks; ++s) {
+          outcome.plain.push_back(plain_table.cumulative_mass[s]);
+        }
+        outcome.draws.push_back(specdec::detail::draw_index(source, u));
+      };
+      plain(specdec::detail::row_source<T>{p.data(), size});
+      plain(specdec::detail::difference_source<T>{p.data(), q.data(), size});
+      plain(
+          specdec::detail::scaled_difference_source<T>{p.data(), q.data(), size, T(0.75), T(1.25)});
       outcomes.push_back(outcome);
     }
     INFO("size " << size << ", trial " << trial);
@@ -229,6 +249,11 @@ TEMPLATE_TEST_CASE("kernel_path: every path builds the same mass tables and scre
       CHECK(outcome.signs == outcomes.front().signs);
       CHECK(same_bits(outcome.overlap, outcomes.front().overlap));
       CHECK(outcome.plausible == outcomes.front().plausible);
+      REQUIRE(outcome.plain.size() == outcomes.front().plain.size());
+      for (std::size_t k = 0; k < outcome.plain.size(); ++k) {
+        CHECK(same_bits(outcome.plain[k], outcomes.front().plain[k]));
+      }
+      CHECK(outcome.draws == outcomes.front().draws);
     }
   }
 }

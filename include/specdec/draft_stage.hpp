@@ -229,9 +229,13 @@ class DraftStage {
     detail::row_maximum<U> maximum;
     detail::mass_table table;
     const auto pass = [&](auto screened, auto with_maximum) {
-      identity_pass_hook<in_place, U, decltype(screened)::value, decltype(with_maximum)::value>
-          hook{row.data(), copy, &screen, &raw_sum, &maximum};
-      detail::build_mass_table(source, table, hook);
+      if constexpr (in_place && !decltype(screened)::value && !decltype(with_maximum)::value) {
+        detail::build_mass_table(source, table);  // nothing to fuse
+      } else {
+        identity_pass_hook<in_place, U, decltype(screened)::value, decltype(with_maximum)::value>
+            hook{row.data(), copy, &screen, &raw_sum, &maximum};
+        detail::build_mass_table(source, table, hook);
+      }
     };
     if (checks.validate_rows()) {
       if (want_top) {

@@ -4,10 +4,11 @@
 // exp per entry; top-p's passes; top-k's block maxima; the mass tables of the draws;
 // greedy's argmax scan) exist twice or three times on x86-64 with GCC or Clang: the
 // portable build (whatever the translation unit is compiled for, SSE2 by default), an AVX2
-// build and, for the log and exp, top-k's block maxima and the maximum scans (greedy's
-// argmax, a row's maximum), an AVX-512 build (F, BW, DQ and VL) of the same source,
-// chosen at run time from what the CPU has; on the AVX-512 path the other kernels run their
-// AVX2 build (detail::use_avx2_build). All are compiled from the same plain loops without
+// build and, for the log and exp, top-k's block maxima, the maximum scans (greedy's
+// argmax, a row's maximum), top-p's band passes and the mass tables of passes without a
+// fused screen, an AVX-512 build (F, BW, DQ and VL) of the same source, chosen at run time
+// from what the CPU has; on the AVX-512 path the other kernels run their AVX2 build
+// (detail::use_avx2_build). All are compiled from the same plain loops without
 // contracting multiply-adds into FMA (AVX-512 implies FMA, and a translation unit built
 // with -march=native may have it on every path, so every build forbids it explicitly:
 // GCC's optimize("fp-contract=off") on the kernels' functions and on the scalar forms of

@@ -876,14 +876,16 @@ class Standardizer {
     histogram_.assign(used, 0.0);
     double* const band_mass = histogram_.data();
     const std::uint32_t* const band = band_.data();
-    // codes_: each band entry's bucket.
+    // codes_: each band entry's bucket, found in the loop that adds its weight (one visit
+    // per band entry: the ids are scattered over the row).
     codes_.resize(found.count);
     std::uint16_t* const code = codes_.data();
     for (std::size_t i = 0; i < found.count; ++i) {
-      code[i] = static_cast<std::uint16_t>((std::bit_cast<word>(key[band[i]]) - low_bits) >> shift);
-    }
-    for (std::size_t i = 0; i < found.count; ++i) {
-      band_mass[code[i]] += static_cast<double>(weights[band[i]]);
+      const std::uint32_t id = band[i];
+      const auto bucket =
+          static_cast<std::uint16_t>((std::bit_cast<word>(key[id]) - low_bits) >> shift);
+      code[i] = bucket;
+      band_mass[bucket] += static_cast<double>(weights[id]);
     }
     double above = found.head;
     std::size_t boundary = used;
