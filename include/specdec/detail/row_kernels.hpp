@@ -283,18 +283,7 @@ struct mass_table {
 
 /// A build_mass_table hook that does nothing.
 struct no_block_hook {
-  static constexpr bool wide_build = true;
   inline void operator()(std::size_t /*first*/, std::size_t /*count*/) const noexcept {}
-};
-
-/// Whether build_mass_table runs a pass with this hook as AVX-512 code on the AVX-512 path:
-/// hooks that say so (`static constexpr bool wide_build = true`), so far only no_block_hook.
-/// Screens compare, which AVX-512 does into mask registers that they turn back into
-/// vectors: those passes measured slower than their AVX2 build, and the draft's fused copy
-/// no faster (docs/performance.md).
-template <class BeforeBlock>
-inline constexpr bool wide_build_hook = requires {
-  requires std::remove_cvref_t<BeforeBlock>::wide_build;
 };
 
 /// One streaming pass over the source: block sums, cumulative superblock masses, total.
@@ -328,10 +317,14 @@ SPECDEC_KERNEL_INLINE void build_mass_table_body(const Source& source, mass_tabl
 }
 
 #if SPECDEC_DISPATCH_AVX512
-template <class Source, class BeforeBlock>
-SPECDEC_TARGET_AVX512 void build_mass_table_avx512(const Source& source, mass_table& table,
-                                                   BeforeBlock& before_block) noexcept {
-  build_mass_table_body(source, table, before_block);
+// Passes without a hook only: a hook's screens compare, which AVX-512 does into mask
+// registers that they turn back into vectors (measured slower than their AVX2 build), and
+// the draft's fused copy measured no faster (docs/performance.md).
+template <class Source>
+SPECDEC_TARGET_AVX512 void build_mass_table_avx512(const Source& source,
+                                                   mass_table& table) noexcept {
+  no_block_hook none;
+  build_mass_table_body(source, table, none);
 }
 #endif
 #if SPECDEC_DISPATCH_AVX2
@@ -353,7 +346,7 @@ SPECDEC_PORTABLE_KERNEL inline void build_mass_table_portable(const Source& sour
 
 /// build_mass_table_body on the active kernel path (kernel_path.hpp): the pass, its sums
 /// and a hook whose call operator is always inlined (SPECDEC_KERNEL_INLINE) run as AVX2 code
-/// where the CPU has it (as AVX-512 code on the AVX-512 path when wide_build_hook allows),
+/// where the CPU has it (a pass without a hook as AVX-512 code on the AVX-512 path),
 /// with the same results on every path. The library's hooks are named types templated on what
 /// they read (row_screen_hook, the draft stage's pass hook): a lambda local to a function
 /// template would compile the pass again for every instantiation of that function.
@@ -361,8 +354,8 @@ template <class Source, class BeforeBlock>
 inline void build_mass_table(const Source& source, mass_table& table,
                              BeforeBlock&& before_block) noexcept {
 #if SPECDEC_DISPATCH_AVX512
-  if constexpr (wide_build_hook<BeforeBlock>) {
-    if (use_avx512()) return build_mass_table_avx512(source, table, before_block);
+  if constexpr (std::is_same_v<std::remove_cvref_t<BeforeBlock>, no_block_hook>) {
+    if (use_avx512()) return build_mass_table_avx512(source, table);
   }
 #endif
 #if SPECDEC_DISPATCH_AVX2

@@ -539,6 +539,7 @@ inline void nucleus_keep(const U* key, const T* weights, T* out, std::size_t siz
 /// j % nucleus_lanes.
 inline constexpr std::size_t nucleus_lanes = 16;
 using nucleus_lane_array = std::array<double, nucleus_lanes>;
+static_assert(nucleus_lanes == 16, "the lanes are combined by pairwise_sum16");
 /// Entries nucleus_band may write past the last id it lists.
 inline constexpr std::size_t nucleus_band_slack = 16;
 
@@ -558,10 +559,7 @@ template <class T>
     const T weight = weights[j + k];
     lanes[k] += weight > T(0) ? static_cast<double>(weight) : 0.0;
   }
-  for (std::size_t width = nucleus_lanes / 2; width != 0; width /= 2) {
-    for (std::size_t k = 0; k < width; ++k) lanes[k] += lanes[k + width];
-  }
-  return lanes[0];
+  return pairwise_sum16(lanes.data());
 }
 
 template <class U, class T>
@@ -574,10 +572,7 @@ template <class U, class T>
     band[count] = static_cast<std::uint32_t>(j + k);
     count += ((value >= low) & (value < high)) ? std::size_t{1} : std::size_t{0};
   }
-  for (std::size_t width = nucleus_lanes / 2; width != 0; width /= 2) {
-    for (std::size_t k = 0; k < width; ++k) lanes[k] += lanes[k + width];
-  }
-  return {lanes[0], count};
+  return {pairwise_sum16(lanes.data()), count};
 }
 
 /// Lists j + (the set bits of `mask`) in increasing order.
@@ -919,13 +914,8 @@ template <class T, std::size_t Lanes>
     band[count] = static_cast<std::uint32_t>(i);
     count += ((value >= low) & (value < high)) ? std::size_t{1} : std::size_t{0};
   }
-  for (std::size_t width = nucleus_lanes / 2; width != 0; width /= 2) {
-    for (std::size_t k = 0; k < width; ++k) {
-      head[k] += head[k + width];
-      rest[k] += rest[k + width];
-    }
-  }
-  return {{maximum, head[0] + rest[0], signs_passed}, {head[0], count}};
+  const double head_mass = pairwise_sum16(head.data());
+  return {{maximum, head_mass + pairwise_sum16(rest.data()), signs_passed}, {head_mass, count}};
 }
 
 /// The portable loops (any scalar type; float rows on x86-64 take the SSE2 build).
