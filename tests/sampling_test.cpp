@@ -398,9 +398,9 @@ TEMPLATE_TEST_CASE("Standardizer: top-p from a sample places the nucleus of long
                    "[sampling]", float, double) {
   // Rows of at least 4096 probabilities find the nucleus from a sample of about 2048 evenly
   // spaced entries, which places its end in a band; only the band is ranked. On the rows of
-  // language models (softmax of Gaussian logits, log-normal tails, one dominant token) the
-  // band must hold the end: no row may need the full histogram (a band placed wrongly would
-  // pass every other test through that fallback), and the kept set is the shortest prefix.
+  // language models (softmax of Gaussian logits, log-normal tails, one dominant token or a dominant
+  // pair) the band must hold the end: no row may need the full histogram (a band placed wrongly
+  // would pass every other test through that fallback), and the kept set is the shortest prefix.
   using T = TestType;
   specdec::xoshiro256pp g(4099);
   for (const double temperature : {1.0, 0.7}) {
@@ -413,6 +413,13 @@ TEMPLATE_TEST_CASE("Standardizer: top-p from a sample places the nucleus of long
         x = static_cast<T>(std::exp(spread * specdec::testing::standard_normal(g)));
       }
       if (trial % 3 == 2) row[specdec::uniform_below(g, size)] = T(3e4);  // one dominant token
+      if (trial % 3 == 1) {
+        // A dominant pair (as a draft row whose two tokens' logits were moved 1 and 2
+        // above the largest): the sample rarely holds either.
+        const T largest = *std::max_element(row.begin(), row.end());
+        row[specdec::uniform_below(g, size)] = static_cast<T>(largest * std::exp(2.0));
+        row[specdec::uniform_below(g, size)] = static_cast<T>(largest * std::exp(1.0));
+      }
       double total = 0.0;
       for (const T x : row) total += static_cast<double>(x);
       for (auto& x : row) x = static_cast<T>(static_cast<double>(x) / total);
