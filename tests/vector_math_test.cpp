@@ -2,6 +2,8 @@
 // softmax: accuracy against long double (with a check that the bound rejects a function
 // off by 4 ulp), special values, and bitwise agreement of the scalar code with the
 // vectorized loops on every kernel path and for every length.
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -15,6 +17,7 @@
 #include "specdec/detail/vector_math.hpp"
 #include "specdec/kernel_path.hpp"
 #include "specdec/random.hpp"
+#include "support/statistics.hpp"
 
 namespace {
 
@@ -191,6 +194,79 @@ TEMPLATE_TEST_CASE("vector_math: special values", "[vector_math]", float, double
           3 + std::fabs(static_cast<long double>(s) * std::log(static_cast<long double>(x))) * 2;
       CHECK(ulp_error(sd::tempered_weight(x, log_top, s), exact) <= bound);
     }
+  }
+}
+
+TEMPLATE_TEST_CASE("vector_math: tempered rows take the plain form only in blocks it fits",
+                   "[vector_math]", float, double) {
+  // tempered_weights screens each block of tempered_block entries and runs the form without
+  // selections for special lanes on blocks whose entries all lie in the plain range (normal,
+  // exponent at least the floor plus one). Long rows of normal entries, with one special
+  // entry planted in some blocks: 0, a subnormal, a NaN, +inf, a negative number, or a
+  // normal number whose weight flushes to 0 (below the floor); every weight must equal the
+  // scalar tempered_weight bitwise, on every path, in place too. Temperatures from 0.25
+  // (scale 4: the row's small entries flush) to 3. A screen that let a special lane into a
+  // plain block (a wrong bound, or no screen) gives that lane a finite garbage weight.
+  using T = TestType;
+  specdec::xoshiro256pp g(29);
+  std::vector<specdec::kernel_path> paths{specdec::kernel_path::portable};
+  for (const auto path : {specdec::kernel_path::avx2, specdec::kernel_path::avx512}) {
+    if (specdec::kernel_path_supported(path)) paths.push_back(path);
+  }
+  constexpr std::size_t block = sd::tempered_block;
+  for (int trial = 0; trial < 24; ++trial) {
+    const std::size_t size = block * (4 + specdec::uniform_below(g, 40)) +
+                             (trial % 2 == 0 ? 0 : specdec::uniform_below(g, block));
+    const double temperature =
+        std::array{0.25, 0.7, 1.0, 1.5, 3.0}[static_cast<std::size_t>(trial % 5)];
+    const double spread = 4.0 + 4.0 * static_cast<double>(trial % 3);  // e^-20 .. e^-60 below top
+    std::vector<T> row(size);
+    for (auto& x : row) {
+      x = static_cast<T>(std::exp(-spread * std::fabs(specdec::testing::standard_normal(g))));
+    }
+    const T top = *std::max_element(row.begin(), row.end());
+    const T log_top = sd::log2_positive(top);
+    const T scale = static_cast<T>(1.0 / temperature);
+    // Below this a weight flushes to 0 (an exponent under exp2's floor, 4 below it here);
+    // one such entry is planted in the first block (where it is a normal number).
+    const double flushing = std::max(
+        static_cast<double>(top) *
+            std::exp2((static_cast<double>(sd::float_bits<T>::exp2_floor) - 4.0) * temperature),
+        2.0 * static_cast<double>(std::numeric_limits<T>::min()));
+    row[specdec::uniform_below(g, block)] = static_cast<T>(flushing);
+    std::size_t planted = 0;
+    for (std::size_t b = 0; b + block <= size; b += block) {
+      const std::size_t at = b + specdec::uniform_below(g, block);
+      const std::uint64_t kind = specdec::uniform_below(g, 8);  // 6 and 7: the block stays plain
+      if (kind < 6) ++planted;
+      if (kind == 0) row[at] = T(0);
+      if (kind == 1) row[at] = std::numeric_limits<T>::denorm_min() * T(3);
+      if (kind == 2) row[at] = std::numeric_limits<T>::quiet_NaN();
+      if (kind == 3) row[at] = std::numeric_limits<T>::infinity();
+      if (kind == 4) row[at] = T(-0.25);
+      if (kind == 5) row[at] = static_cast<T>(flushing);
+    }
+    REQUIRE(planted > 0);
+    for (const auto path : paths) {
+      specdec::force_kernel_path(path);
+      INFO("path " << specdec::to_string(path) << ", trial " << trial << ", V = " << size
+                   << ", T = " << temperature);
+      std::vector<T> weights(size);
+      sd::tempered_weights(row.data(), weights.data(), size, log_top, scale);
+      std::vector<T> in_place = row;
+      sd::tempered_weights(in_place.data(), in_place.data(), size, log_top, scale);
+      std::size_t mismatches = 0;
+      std::size_t flushed = 0;
+      for (std::size_t j = 0; j < size; ++j) {
+        const T expected = sd::tempered_weight(row[j], log_top, scale);
+        if (!same_bits(weights[j], expected)) ++mismatches;
+        if (!same_bits(in_place[j], expected)) ++mismatches;
+        if (expected == T(0) && row[j] > T(0)) ++flushed;
+      }
+      CHECK(mismatches == 0);
+      if (temperature == 0.25) CHECK(flushed > 0);  // rows that reach the floor are covered
+    }
+    specdec::reset_kernel_path();
   }
 }
 

@@ -32,8 +32,10 @@
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
 
+#include <algorithm>
 #include <array>
 #include <bit>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -168,7 +170,10 @@ template <class T, bool base2>
 /// -infinity (a weight of 0). Selections are `?:` (a blend on packs, no branch). Base 2
 /// scales the series by 1 / ln 2 and adds the exponent as it is, where base e adds it times
 /// ln 2 in two parts: tempered weights use base 2, whose exp2 needs no ln 2 reduction either.
-template <bool base2, class V>
+/// Plain: every lane is known to be a normal positive finite number, so the selections
+/// for subnormal, zero, infinite and NaN lanes are left out (they would keep every lane as
+/// it is: the results are bitwise the same).
+template <bool base2, bool plain = false, class V>
 SPECDEC_KERNEL_INLINE void logarithm_lanes(V& x) noexcept {
   using T = typename lanes_of<V>::scalar;
   using bits = float_bits<T>;
@@ -177,9 +182,13 @@ SPECDEC_KERNEL_INLINE void logarithm_lanes(V& x) noexcept {
   constexpr T smallest_normal = std::numeric_limits<T>::min();
   constexpr std::array<T, 22> c = atanh_coefficients<T, base2>();
   const V zero{};
-  const auto subnormal = x < smallest_normal;
-  const V scaled = subnormal ? x * bits::subnormal_scale : x;
-  const V extra = subnormal ? zero + T(-bits::mantissa) : zero;
+  V scaled = x;
+  V extra = zero;
+  if constexpr (!plain) {
+    const auto subnormal = x < smallest_normal;
+    scaled = subnormal ? x * bits::subnormal_scale : x;
+    extra = subnormal ? zero + T(-bits::mantissa) : zero;
+  }
   // Shift the mantissa range [1, 2) to [sqrt(1/2), sqrt(2)) by an integer offset.
   const uint offset = SPECDEC_BIT_CAST(uint, scaled) + word(bits::one - bits::sqrt_half);
   const uint field = (offset >> static_cast<word>(bits::mantissa)) & bits::exponent_mask;
@@ -187,6 +196,7 @@ SPECDEC_KERNEL_INLINE void logarithm_lanes(V& x) noexcept {
   // before AVX-512): the bits of 2^mantissa with the field in the low bits, minus 2^mantissa.
   const V biased =
       SPECDEC_BIT_CAST(V, SPECDEC_BIT_CAST(word, bits::int_magic) | field) - bits::int_magic;
+  // (Adding a zero `extra` changes no bits: biased - bias is an exact integer, never -0.)
   const V e = (biased - T(bits::bias)) + extra;
   constexpr word mantissa_mask = (word{1} << static_cast<unsigned>(bits::mantissa)) - 1;
   const V m = SPECDEC_BIT_CAST(V, (offset & mantissa_mask) + bits::sqrt_half);
@@ -209,8 +219,12 @@ SPECDEC_KERNEL_INLINE void logarithm_lanes(V& x) noexcept {
   } else {
     result = e * bits::ln2_hi + (log_m + e * bits::ln2_lo);
   }
-  const V finite = x > T(0) ? result : zero - std::numeric_limits<T>::infinity();
-  x = x < std::numeric_limits<T>::infinity() ? finite : x;  // NaN and +inf stay
+  if constexpr (plain) {
+    x = result;
+  } else {
+    const V finite = x > T(0) ? result : zero - std::numeric_limits<T>::infinity();
+    x = x < std::numeric_limits<T>::infinity() ? finite : x;  // NaN and +inf stay
+  }
 }
 
 /// y = exp(y) (base2: 2^y) lane by lane for y <= 0, flushed: results below the smallest
@@ -218,7 +232,10 @@ SPECDEC_KERNEL_INLINE void logarithm_lanes(V& x) noexcept {
 /// y = n ln 2 + r with n = round(y / ln 2) and r in two parts (base 2: y = n + r, exact),
 /// then the Taylor series of exp(r) (base 2: of exp(r ln 2)).
 /// Precondition: y is not positive beyond rounding (larger y give wrong values, never UB).
-template <bool base2, class V>
+/// Plain: every lane is known to be a number whose result is a normal number (y at least
+/// the floor plus one), so the clamp, the flush and the NaN selection are left out (bitwise
+/// the same results there).
+template <bool base2, bool plain = false, class V>
 SPECDEC_KERNEL_INLINE void exponential_lanes(V& y) noexcept {
   using T = typename lanes_of<V>::scalar;
   using bits = float_bits<T>;
@@ -229,7 +246,8 @@ SPECDEC_KERNEL_INLINE void exponential_lanes(V& y) noexcept {
   constexpr T floor = base2 ? bits::exp2_floor : bits::exp_floor;
   const V zero{};
   // Clamping keeps the bit arithmetic below in range (NaN passes, handled at the end).
-  const V clamped = y < floor ? zero + floor : y;
+  V clamped = y;
+  if constexpr (!plain) clamped = y < floor ? zero + floor : y;
   V shifted;
   if constexpr (base2) {
     shifted = clamped + bits::round_magic;
@@ -263,8 +281,12 @@ SPECDEC_KERNEL_INLINE void exponential_lanes(V& y) noexcept {
   // (2^n p at the floor is below it too, so clamped exponents come out as 0).
   const V scaled = SPECDEC_BIT_CAST(
       V, SPECDEC_BIT_CAST(uint, p) + (n_bits << static_cast<word>(bits::mantissa)));
-  const V result = scaled < std::numeric_limits<T>::min() ? zero : scaled;
-  y = y == y ? result : y;
+  if constexpr (plain) {
+    y = scaled;
+  } else {
+    const V result = scaled < std::numeric_limits<T>::min() ? zero : scaled;
+    y = y == y ? result : y;
+  }
 }
 
 template <class V>
@@ -290,11 +312,11 @@ SPECDEC_KERNEL_INLINE void exp2_lanes(V& y) noexcept {
 /// which adds about |log2_top| scale ulp to the weight's relative error.) Base 2 rather than
 /// e: neither function multiplies by ln 2 in two parts (measured on a 128k float row, Intel
 /// Xeon VM: AVX-512 147 -> 121 us, AVX2 265 -> 234 us, portable 509 -> 451 us).
-template <class V, class T>
+template <bool plain = false, class V, class T>
 SPECDEC_KERNEL_INLINE void tempered_lanes(V& x, T log2_top, T scale) noexcept {
-  log2_lanes(x);
+  logarithm_lanes<true, plain>(x);
   x = (x - log2_top) * scale;
-  exp2_lanes(x);
+  exponential_lanes<true, plain>(x);
 }
 
 /// Scalar forms (what a single weight uses; bitwise equal to the packs' lanes: out of line
@@ -365,9 +387,80 @@ inline void map_lanes(const U* in, T* out, std::size_t size, Lane lane) noexcept
 }
 #endif
 
+/// Entries per block of tempered_weights_body's screen.
+inline constexpr std::size_t tempered_block = 256;
+
+#if SPECDEC_VECTOR_MATH_PACKS
+/// The range of entries tempered_lanes<true> may take: x in [from, to], so that the
+/// logarithm sees a normal positive finite number and the exponential an exponent between
+/// the floor plus one and 64 (tempered_weights computes it). `to` < `from`: none.
+template <class T>
+struct plain_range {
+  T from;
+  T to;
+};
+
+/// tempered_weights for rows of T: each block of tempered_block entries is screened first
+/// (one integer subtraction and maximum per pack); a block whose entries all lie in the
+/// plain range takes tempered_lanes<true> (no selections for special lanes), any other
+/// block the full tempered_lanes. Both forms give bitwise the same weights in that range,
+/// so the screen only skips work. In place works (a block is read whole before it is
+/// written).
+template <std::size_t Bytes, class T>
+SPECDEC_KERNEL_INLINE void tempered_weights_screened(const T* in, T* out, std::size_t size,
+                                                     T log_top, T scale,
+                                                     plain_range<T> plain) noexcept {
+  using pack = pack_t<T, Bytes>;
+  using upack = pack_uint_t<T, Bytes>;
+  using word = typename float_bits<T>::uint;
+  constexpr std::size_t width = Bytes / sizeof(T);
+  static_assert(tempered_block % width == 0);
+  const auto from_bits = SPECDEC_BIT_CAST(word, plain.from);
+  // Positive numbers order as their bits: x lies in [from, to] iff bits(x) - bits(from)
+  // (unsigned, wrapping below `from`) is at most bits(to) - bits(from). Negative and NaN x
+  // are not (their bits lie above those of +inf).
+  const bool any = plain.from <= plain.to;
+  const word room = any ? SPECDEC_BIT_CAST(word, plain.to) - from_bits : word{0};
+  std::size_t j = 0;
+  for (; j + tempered_block <= size; j += tempered_block) {
+    upack widest{};
+    for (std::size_t h = j; h < j + tempered_block; h += width) {
+      pack x;
+      std::memcpy(&x, in + h, sizeof x);
+      const upack distance = SPECDEC_BIT_CAST(upack, x) - from_bits;
+      widest = distance > widest ? distance : widest;
+    }
+    word largest = 0;
+    for (std::size_t k = 0; k < width; ++k) largest = widest[k] > largest ? widest[k] : largest;
+    if (any && largest <= room) {
+      for (std::size_t h = j; h < j + tempered_block; h += width) {
+        pack x;
+        std::memcpy(&x, in + h, sizeof x);
+        tempered_lanes<true>(x, log_top, scale);
+        std::memcpy(out + h, &x, sizeof x);
+      }
+    } else {
+      map_lanes<Bytes>(in + j, out + j, tempered_block,
+                       [log_top, scale](auto& x)
+                           SPECDEC_LAMBDA_INLINE { tempered_lanes(x, log_top, scale); });
+    }
+  }
+  map_lanes<Bytes>(in + j, out + j, size - j, [log_top, scale](auto& x) SPECDEC_LAMBDA_INLINE {
+    tempered_lanes(x, log_top, scale);
+  });
+}
+#endif
+
 template <std::size_t Bytes, class T, class U>
 SPECDEC_KERNEL_INLINE void tempered_weights_body(const U* in, T* out, std::size_t size, T log_top,
-                                                 T scale) noexcept {
+                                                 T scale, plain_range<T> plain) noexcept {
+#if SPECDEC_VECTOR_MATH_PACKS
+  if constexpr (std::is_same_v<T, U>) {
+    tempered_weights_screened<Bytes>(in, out, size, log_top, scale, plain);
+    return;
+  }
+#endif
+  static_cast<void>(plain);
   map_lanes<Bytes>(in, out, size, [log_top, scale](auto& x) SPECDEC_LAMBDA_INLINE {
     tempered_lanes(x, log_top, scale);
   });
@@ -385,8 +478,8 @@ SPECDEC_KERNEL_INLINE void shifted_exp_body(const U* in, T* out, std::size_t siz
 #if SPECDEC_DISPATCH_AVX2
 template <class T, class U>
 SPECDEC_TARGET_AVX2 void tempered_weights_avx2(const U* in, T* out, std::size_t size, T log_top,
-                                               T scale) noexcept {
-  tempered_weights_body<32>(in, out, size, log_top, scale);
+                                               T scale, plain_range<T> plain) noexcept {
+  tempered_weights_body<32>(in, out, size, log_top, scale, plain);
 }
 template <class T, class U>
 SPECDEC_TARGET_AVX2 void shifted_exp_avx2(const U* in, T* out, std::size_t size, T top,
@@ -397,8 +490,8 @@ SPECDEC_TARGET_AVX2 void shifted_exp_avx2(const U* in, T* out, std::size_t size,
 #if SPECDEC_DISPATCH_AVX512
 template <class T, class U>
 SPECDEC_TARGET_AVX512 void tempered_weights_avx512(const U* in, T* out, std::size_t size, T log_top,
-                                                   T scale) noexcept {
-  tempered_weights_body<64>(in, out, size, log_top, scale);
+                                                   T scale, plain_range<T> plain) noexcept {
+  tempered_weights_body<64>(in, out, size, log_top, scale, plain);
 }
 template <class T, class U>
 SPECDEC_TARGET_AVX512 void shifted_exp_avx512(const U* in, T* out, std::size_t size, T top,
@@ -411,8 +504,9 @@ SPECDEC_TARGET_AVX512 void shifted_exp_avx512(const U* in, T* out, std::size_t s
 // dispatching call site, which would double the code the compiler optimizes).
 template <class T, class U>
 SPECDEC_PORTABLE_KERNEL inline void tempered_weights_portable(const U* in, T* out, std::size_t size,
-                                                              T log_top, T scale) noexcept {
-  tempered_weights_body<16>(in, out, size, log_top, scale);
+                                                              T log_top, T scale,
+                                                              plain_range<T> plain) noexcept {
+  tempered_weights_body<16>(in, out, size, log_top, scale, plain);
 }
 
 template <class T, class U>
@@ -424,13 +518,29 @@ SPECDEC_PORTABLE_KERNEL inline void shifted_exp_portable(const U* in, T* out, st
 /// out[j] = tempered_weight(in[j], log2_top, scale) for j < size (`in` may be `out`).
 template <class T, class U>
 inline void tempered_weights(const U* in, T* out, std::size_t size, T log_top, T scale) noexcept {
+  // The plain range: x whose exponent (log2(x) - log2_top) * scale lies in [floor + 1, 64]
+  // (exp2_lanes's floor; 2^64 p stays far from overflowing), from the smallest normal
+  // number on. A whole unit of exponent spare at the bottom (and the top far above any
+  // entry of a row whose maximum is top), so that neither the rounding of log2_lanes nor a
+  // last-bit difference of std::exp2 between C libraries can put a screened lane outside.
+  const double top = static_cast<double>(log_top);
+  const double inverse = 1.0 / static_cast<double>(scale);
+  const double low =
+      std::exp2(top + (static_cast<double>(float_bits<T>::exp2_floor) + 1.0) * inverse);
+  const double high = std::exp2(top + 64.0 * inverse);
+  constexpr double largest = static_cast<double>(std::numeric_limits<T>::max());
+  plain_range<T> plain{T(1), T(0)};  // none
+  if (low <= largest && low == low && high == high) {
+    plain.from = std::max(static_cast<T>(low), std::numeric_limits<T>::min());
+    plain.to = static_cast<T>(std::min(high, largest));
+  }
 #if SPECDEC_DISPATCH_AVX512
-  if (use_avx512()) return tempered_weights_avx512(in, out, size, log_top, scale);
+  if (use_avx512()) return tempered_weights_avx512(in, out, size, log_top, scale, plain);
 #endif
 #if SPECDEC_DISPATCH_AVX2
-  if (use_avx2()) return tempered_weights_avx2(in, out, size, log_top, scale);
+  if (use_avx2()) return tempered_weights_avx2(in, out, size, log_top, scale, plain);
 #endif
-  tempered_weights_portable(in, out, size, log_top, scale);
+  tempered_weights_portable(in, out, size, log_top, scale, plain);
 }
 
 /// out[j] = exp_nonpositive((in[j] - top) * scale) for j < size (`in` may be `out`): the
