@@ -270,6 +270,69 @@ TEMPLATE_TEST_CASE("vector_math: tempered rows take the plain form only in block
   }
 }
 
+TEMPLATE_TEST_CASE("vector_math: shifted exponentials take the plain form only in blocks it fits",
+                   "[vector_math]", float, double) {
+  // shifted_exp screens blocks as tempered_weights does, comparing logits as numbers (they
+  // take any sign): long rows of finite logits with one special entry planted in some
+  // blocks (-inf, NaN, +inf, the most negative finite number, a logit whose numerator
+  // flushes to 0, one just above the plain range's floor); every numerator must equal the
+  // scalar exp_nonpositive((x - top) * scale) bitwise on every path, in place too. A
+  // screen that let such a lane into a plain block gives it a garbage numerator.
+  using T = TestType;
+  specdec::xoshiro256pp g(31);
+  std::vector<specdec::kernel_path> paths{specdec::kernel_path::portable};
+  for (const auto path : {specdec::kernel_path::avx2, specdec::kernel_path::avx512}) {
+    if (specdec::kernel_path_supported(path)) paths.push_back(path);
+  }
+  constexpr std::size_t block = sd::tempered_block;
+  for (int trial = 0; trial < 20; ++trial) {
+    const std::size_t size = block * (4 + specdec::uniform_below(g, 30)) +
+                             (trial % 2 == 0 ? 0 : specdec::uniform_below(g, block));
+    const double temperature = std::array{0.25, 0.7, 1.0, 3.0}[static_cast<std::size_t>(trial % 4)];
+    const double offset = std::array{0.0, 40.0, -1e4}[static_cast<std::size_t>(trial % 3)];
+    std::vector<T> logits(size);
+    for (auto& x : logits) {
+      x = static_cast<T>(offset - 8.0 * std::fabs(specdec::testing::standard_normal(g)));
+    }
+    const T top = *std::max_element(logits.begin(), logits.end());
+    const T scale = static_cast<T>(1.0 / temperature);
+    const double floor = static_cast<double>(sd::float_bits<T>::exp_floor);
+    const auto flushing = static_cast<T>(static_cast<double>(top) + (floor - 4.0) * temperature);
+    const auto edge = static_cast<T>(static_cast<double>(top) + (floor + 1.5) * temperature);
+    logits[specdec::uniform_below(g, block)] = flushing;
+    for (std::size_t b = 0; b + block <= size; b += block) {
+      const std::size_t at = b + specdec::uniform_below(g, block);
+      const std::uint64_t kind = specdec::uniform_below(g, 8);  // 6 and 7: the block stays plain
+      if (kind == 0) logits[at] = -std::numeric_limits<T>::infinity();
+      if (kind == 1) logits[at] = std::numeric_limits<T>::quiet_NaN();
+      if (kind == 2) logits[at] = std::numeric_limits<T>::lowest();
+      if (kind == 3) logits[at] = flushing;
+      if (kind == 4) logits[at] = edge;
+      if (kind == 5 && b > 0) logits[at] = std::numeric_limits<T>::infinity();
+    }
+    for (const auto path : paths) {
+      specdec::force_kernel_path(path);
+      INFO("path " << specdec::to_string(path) << ", trial " << trial << ", V = " << size
+                   << ", T = " << temperature);
+      std::vector<T> exps(size);
+      sd::shifted_exp(logits.data(), exps.data(), size, top, scale);
+      std::vector<T> in_place = logits;
+      sd::shifted_exp(in_place.data(), in_place.data(), size, top, scale);
+      std::size_t mismatches = 0;
+      std::size_t flushed = 0;
+      for (std::size_t j = 0; j < size; ++j) {
+        const T expected = sd::exp_nonpositive((logits[j] - top) * scale);
+        if (!same_bits(exps[j], expected)) ++mismatches;
+        if (!same_bits(in_place[j], expected)) ++mismatches;
+        if (expected == T(0) && logits[j] > -std::numeric_limits<T>::infinity()) ++flushed;
+      }
+      CHECK(mismatches == 0);
+      CHECK(flushed > 0);
+    }
+    specdec::reset_kernel_path();
+  }
+}
+
 TEMPLATE_TEST_CASE("vector_math: the vector loops equal the scalar code bitwise on every path",
                    "[vector_math]", float, double) {
   using T = TestType;

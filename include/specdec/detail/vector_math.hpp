@@ -359,14 +359,28 @@ template <std::size_t Bytes, class T, class U, class Lane>
 SPECDEC_KERNEL_INLINE void map_lanes(const U* in, T* out, std::size_t size, Lane lane) noexcept {
   using pack = pack_t<T, Bytes>;
   constexpr std::size_t width = Bytes / sizeof(T);
+  const auto load = [in](pack& x, std::size_t at) SPECDEC_LAMBDA_INLINE {
+    if constexpr (std::is_same_v<T, U>) {
+      std::memcpy(&x, in + at, sizeof x);
+    } else {
+      for (std::size_t k = 0; k < width; ++k) x[k] = static_cast<T>(in[at + k]);
+    }
+  };
   std::size_t j = 0;
+  // Two packs per iteration: the long dependent chains of the two overlap.
+  for (; j + 2 * width <= size; j += 2 * width) {
+    pack x;
+    pack y;
+    load(x, j);
+    load(y, j + width);
+    lane(x);
+    lane(y);
+    std::memcpy(out + j, &x, sizeof x);
+    std::memcpy(out + j + width, &y, sizeof y);
+  }
   for (; j + width <= size; j += width) {
     pack x;
-    if constexpr (std::is_same_v<T, U>) {
-      std::memcpy(&x, in + j, sizeof x);
-    } else {
-      for (std::size_t k = 0; k < width; ++k) x[k] = static_cast<T>(in[j + k]);
-    }
+    load(x, j);
     lane(x);
     std::memcpy(out + j, &x, sizeof x);
   }
@@ -472,9 +486,89 @@ SPECDEC_KERNEL_INLINE void tempered_weights_body(const U* in, T* out, std::size_
   });
 }
 
+#if SPECDEC_VECTOR_MATH_PACKS
+/// shifted_exp for rows of T, screened like tempered_weights_screened: a block whose
+/// entries all lie in the plain range [from, to] (finite logits whose exponent
+/// (x - top) * scale lies in [floor + 1, 64]; shifted_exp computes it) takes exp_lanes
+/// without its clamp, flush and NaN selections, bitwise the same there. Logits take any
+/// sign: the screen maps each one's bits to an unsigned key in the order of the numbers
+/// (sign bit set: all bits flipped; else the sign bit set) and checks the keys' range with
+/// one subtraction and maximum per pack, as tempered_weights_screened (comparisons of
+/// 64-byte packs would go through mask registers, which GCC scalarizes here). NaN keys
+/// lie beyond those of the infinities, outside every finite range.
+template <std::size_t Bytes, class T>
+SPECDEC_KERNEL_INLINE void shifted_exp_screened(const T* in, T* out, std::size_t size, T top,
+                                                T scale, plain_range<T> plain) noexcept {
+  using pack = pack_t<T, Bytes>;
+  constexpr std::size_t width = Bytes / sizeof(T);
+  static_assert(tempered_block % (2 * width) == 0);
+  const auto full = [top, scale](auto& x) SPECDEC_LAMBDA_INLINE {
+    x = (x - top) * scale;
+    exp_lanes(x);
+  };
+  using upack = pack_uint_t<T, Bytes>;
+  using word = typename float_bits<T>::uint;
+  using signed_word = std::make_signed_t<word>;
+  using spack [[gnu::vector_size(Bytes)]] = signed_word;
+  constexpr unsigned last_bit = 8 * sizeof(word) - 1;
+  constexpr word sign_bit = word{1} << last_bit;
+  const auto order_key = [](T value) {
+    const auto bits = SPECDEC_BIT_CAST(word, value);
+    return (bits & sign_bit) != 0 ? ~bits : bits | sign_bit;
+  };
+  const bool any = plain.from <= plain.to;
+  const word from_key = order_key(plain.from);
+  const word room = any ? order_key(plain.to) - from_key : word{0};
+  std::size_t j = 0;
+  for (; j + tempered_block <= size; j += tempered_block) {
+    bool fits = any;
+    if (any) {
+      upack widest{};
+      for (std::size_t h = j; h < j + tempered_block; h += width) {
+        upack bits;
+        std::memcpy(&bits, in + h, sizeof bits);
+        // All ones where the sign bit is set (an arithmetic shift), then the sign bit.
+        const upack flip =
+            SPECDEC_BIT_CAST(upack, SPECDEC_BIT_CAST(spack, bits) >> signed_word{last_bit}) |
+            sign_bit;
+        const upack distance = (bits ^ flip) - from_key;
+        widest = distance > widest ? distance : widest;
+      }
+      word largest = 0;
+      for (std::size_t k = 0; k < width; ++k) largest = widest[k] > largest ? widest[k] : largest;
+      fits = largest <= room;
+    }
+    if (fits) {
+      for (std::size_t h = j; h < j + tempered_block; h += 2 * width) {
+        pack x;
+        pack y;
+        std::memcpy(&x, in + h, sizeof x);
+        std::memcpy(&y, in + h + width, sizeof y);
+        x = (x - top) * scale;
+        y = (y - top) * scale;
+        exponential_lanes<false, true>(x);
+        exponential_lanes<false, true>(y);
+        std::memcpy(out + h, &x, sizeof x);
+        std::memcpy(out + h + width, &y, sizeof y);
+      }
+    } else {
+      map_lanes<Bytes>(in + j, out + j, tempered_block, full);
+    }
+  }
+  map_lanes<Bytes>(in + j, out + j, size - j, full);
+}
+#endif
+
 template <std::size_t Bytes, class T, class U>
-SPECDEC_KERNEL_INLINE void shifted_exp_body(const U* in, T* out, std::size_t size, T top,
-                                            T scale) noexcept {
+SPECDEC_KERNEL_INLINE void shifted_exp_body(const U* in, T* out, std::size_t size, T top, T scale,
+                                            plain_range<T> plain) noexcept {
+#if SPECDEC_VECTOR_MATH_PACKS
+  if constexpr (std::is_same_v<T, U>) {
+    shifted_exp_screened<Bytes>(in, out, size, top, scale, plain);
+    return;
+  }
+#endif
+  static_cast<void>(plain);
   map_lanes<Bytes>(in, out, size, [top, scale](auto& x) SPECDEC_LAMBDA_INLINE {
     x = (x - top) * scale;
     exp_lanes(x);
@@ -488,9 +582,9 @@ SPECDEC_TARGET_AVX2 void tempered_weights_avx2(const U* in, T* out, std::size_t 
   tempered_weights_body<32>(in, out, size, log_top, scale, plain);
 }
 template <class T, class U>
-SPECDEC_TARGET_AVX2 void shifted_exp_avx2(const U* in, T* out, std::size_t size, T top,
-                                          T scale) noexcept {
-  shifted_exp_body<32>(in, out, size, top, scale);
+SPECDEC_TARGET_AVX2 void shifted_exp_avx2(const U* in, T* out, std::size_t size, T top, T scale,
+                                          plain_range<T> plain) noexcept {
+  shifted_exp_body<32>(in, out, size, top, scale, plain);
 }
 #endif
 #if SPECDEC_DISPATCH_AVX512
@@ -500,9 +594,9 @@ SPECDEC_TARGET_AVX512 void tempered_weights_avx512(const U* in, T* out, std::siz
   tempered_weights_body<64>(in, out, size, log_top, scale, plain);
 }
 template <class T, class U>
-SPECDEC_TARGET_AVX512 void shifted_exp_avx512(const U* in, T* out, std::size_t size, T top,
-                                              T scale) noexcept {
-  shifted_exp_body<64>(in, out, size, top, scale);
+SPECDEC_TARGET_AVX512 void shifted_exp_avx512(const U* in, T* out, std::size_t size, T top, T scale,
+                                              plain_range<T> plain) noexcept {
+  shifted_exp_body<64>(in, out, size, top, scale, plain);
 }
 #endif
 
@@ -517,8 +611,9 @@ SPECDEC_PORTABLE_KERNEL inline void tempered_weights_portable(const U* in, T* ou
 
 template <class T, class U>
 SPECDEC_PORTABLE_KERNEL inline void shifted_exp_portable(const U* in, T* out, std::size_t size,
-                                                         T top, T scale) noexcept {
-  shifted_exp_body<16>(in, out, size, top, scale);
+                                                         T top, T scale,
+                                                         plain_range<T> plain) noexcept {
+  shifted_exp_body<16>(in, out, size, top, scale, plain);
 }
 
 /// out[j] = tempered_weight(in[j], log2_top, scale) for j < size (`in` may be `out`).
@@ -553,13 +648,27 @@ inline void tempered_weights(const U* in, T* out, std::size_t size, T log_top, T
 /// tempered softmax numerators of logits whose maximum is top.
 template <class T, class U>
 inline void shifted_exp(const U* in, T* out, std::size_t size, T top, T scale) noexcept {
+  // The plain range: logits whose exponent (x - top) * scale lies in [floor + 1, 64], a
+  // whole unit above exp_lanes's floor (the rounding of the bound to T and of x - top
+  // stay far inside it). Only where x - top cannot overflow (|top| and |from| under a
+  // quarter of the largest T); -inf and NaN logits never lie in it.
+  const double t = static_cast<double>(top);
+  const double inverse = 1.0 / static_cast<double>(scale);
+  const double low = t + (static_cast<double>(float_bits<T>::exp_floor) + 1.0) * inverse;
+  const double high = t + 64.0 * inverse;
+  constexpr double quarter = static_cast<double>(std::numeric_limits<T>::max()) / 4;
+  plain_range<T> plain{T(1), T(0)};  // none
+  if (std::fabs(t) <= quarter && low >= -quarter && low <= high) {
+    plain.from = static_cast<T>(low);
+    plain.to = static_cast<T>(std::min(high, quarter));
+  }
 #if SPECDEC_DISPATCH_AVX512
-  if (use_avx512()) return shifted_exp_avx512(in, out, size, top, scale);
+  if (use_avx512()) return shifted_exp_avx512(in, out, size, top, scale, plain);
 #endif
 #if SPECDEC_DISPATCH_AVX2
-  if (use_avx2()) return shifted_exp_avx2(in, out, size, top, scale);
+  if (use_avx2()) return shifted_exp_avx2(in, out, size, top, scale, plain);
 #endif
-  shifted_exp_portable(in, out, size, top, scale);
+  shifted_exp_portable(in, out, size, top, scale, plain);
 }
 
 SPECDEC_KERNELS_END
