@@ -194,10 +194,15 @@ SPECDEC_KERNEL_INLINE void logarithm_lanes(V& x) noexcept {
   const uint field = (offset >> static_cast<word>(bits::mantissa)) & bits::exponent_mask;
   // The exponent field as T without an integer conversion (none exists for 64-bit lanes
   // before AVX-512): the bits of 2^mantissa with the field in the low bits, minus 2^mantissa.
-  const V biased =
-      SPECDEC_BIT_CAST(V, SPECDEC_BIT_CAST(word, bits::int_magic) | field) - bits::int_magic;
-  // (Adding a zero `extra` changes no bits: biased - bias is an exact integer, never -0.)
-  const V e = (biased - T(bits::bias)) + extra;
+  const V with_magic = SPECDEC_BIT_CAST(V, SPECDEC_BIT_CAST(word, bits::int_magic) | field);
+  V e;
+  if constexpr (plain) {
+    // One subtraction: every value here is an integer below 2^(mantissa + 1), so both
+    // forms are exact and give the same bits (the zero `extra` adds none: +0 stays +0).
+    e = with_magic - T(bits::int_magic + T(bits::bias));
+  } else {
+    e = ((with_magic - bits::int_magic) - T(bits::bias)) + extra;
+  }
   constexpr word mantissa_mask = (word{1} << static_cast<unsigned>(bits::mantissa)) - 1;
   const V m = SPECDEC_BIT_CAST(V, (offset & mantissa_mask) + bits::sqrt_half);
   const V f = m - T(1);
