@@ -698,6 +698,26 @@ TEMPLATE_TEST_CASE("D13-D15 top-p: long rows are screened in the standardization
   CHECK(decoder.generate(prompt, 8, std::uint64_t{1}).tokens.size() == 8);
 }
 
+TEMPLATE_TEST_CASE("D13-D15 T != 1: dense rows are screened in the pass that takes their maximum",
+                   "[errors][speculative_decoder]", float, double) {
+  // At T != 1 the standardization's first pass takes the row's maximum (the tempered
+  // weights are scaled by it); with validation on it takes the row's sum and signs too
+  // (Standardizer::screens_first_pass) instead of a validation pass before it, and the
+  // decoder judges the row after it. Short and long rows, with top-p and min-p.
+  check_row_faults<TestType>({.temperature = 0.7}, 64);
+  check_row_faults<TestType>({.temperature = 1.3, .min_p = 0.05}, 100);
+  check_row_faults<TestType>({.temperature = 0.7, .top_p = 0.9}, 5000);
+  // Valid rows pass the screen: the decoder generates.
+  ScriptedModel<TestType> draft;
+  ScriptedModel<TestType> target;
+  draft.vocab = draft.reported_vocab = 5000;
+  target.vocab = target.reported_vocab = 5000;
+  specdec::DecoderOptions options = fixed(2);
+  options.sampling = {.temperature = 0.7, .top_p = 0.9};
+  specdec::SpeculativeDecoder decoder(target, draft, options);
+  CHECK(decoder.generate(prompt, 8, std::uint64_t{1}).tokens.size() == 8);
+}
+
 TEST_CASE("D15 generate: a float row off 1 by just over the tolerance is rejected on every path",
           "[errors][speculative_decoder]") {
   // These 16 floats sum to 1.00100001 (in double), just over 1 + 1e-3, but a float sum can

@@ -176,15 +176,18 @@ class Standardizer {
   /// thousand on language-model rows; each costs a few more passes over its row.
   [[nodiscard]] std::size_t nucleus_fallbacks() const noexcept { return nucleus_fallbacks_; }
 
-  /// Whether apply() screens rows of `size` entries of U in its first pass (top-p alone at
-  /// T = 1 on rows of at least 4096 probabilities: the pass that takes the row's maximum
-  /// takes its sum and signs too), so that a caller validating the rows can take the screen
-  /// from apply instead of a pass of its own.
+  /// Whether apply() screens rows of `size` entries of U in its first pass, so that a
+  /// caller validating the rows can take the screen from apply instead of a pass of its own:
+  /// the pass that takes the row's maximum takes its sum and signs too. That is top-p alone
+  /// at T = 1 on rows of at least 4096 probabilities (the pass places the nucleus's band as
+  /// well), and every row at T != 1 (the maximum the tempered weights are scaled by), when
+  /// apply is given a screen to fill.
   template <ProbabilityScalar U>
   [[nodiscard]] bool screens_first_pass(std::size_t size) const noexcept {
-    return std::is_same_v<U, T> && options_.temperature == 1.0 && options_.top_p < 1.0 &&
-           options_.min_p == 0.0 && (options_.top_k == 0 || options_.top_k >= size) &&
-           size >= nucleus_sampled_from;
+    if (!std::is_same_v<U, T> || options_.greedy()) return false;
+    if (options_.temperature != 1.0) return true;
+    return options_.top_p < 1.0 && options_.min_p == 0.0 &&
+           (options_.top_k == 0 || options_.top_k >= size) && size >= nucleus_sampled_from;
   }
 
   /// Writes the standardized `probabilities` into `out` (same size, not overlapping) and
@@ -198,12 +201,22 @@ class Standardizer {
     const std::size_t size = probabilities.size();
     if (size == 0) return 0.0;
     if (options_.greedy()) return one_hot_argmax(probabilities, out);
-    // Top-p alone at T = 1 on a long row: the maximum, the row's mass and the nucleus's
-    // band in one pass (nucleus_first_pass), then one pass writing the nucleus.
+    // The first pass takes the row's maximum. With a screen to fill at T != 1 it takes the
+    // row's mass and signs too; top-p alone at T = 1 on a long row takes the maximum, the
+    // mass and the nucleus's band in one pass (nucleus_first_pass), then one pass writes
+    // the nucleus.
     double known_total = std::numeric_limits<double>::quiet_NaN();
     U maximum;
     if constexpr (std::is_same_v<U, T>) {
-      if (screens_first_pass<U>(size)) {
+      if (options_.temperature != 1.0 && screen != nullptr && screens_first_pass<U>(size)) {
+        // The maximum with the row's mass and signs (the caller's validation screen).
+        const auto first = detail::nucleus_max_total(probabilities.data(), size);
+        maximum = first.maximum;
+        *screen = {first.signs_passed, first.total};
+        if (maximum == -std::numeric_limits<U>::infinity()) {  // max_entry's NaN-row rule
+          maximum = detail::max_entry(probabilities.data(), size);
+        }
+      } else if (options_.temperature == 1.0 && screens_first_pass<U>(size)) {
         const auto first = nucleus_first_pass(probabilities);
         maximum = first.screen.maximum;
         known_total = first.screen.total;
