@@ -270,6 +270,65 @@ TEMPLATE_TEST_CASE("vector_math: tempered rows take the plain form only in block
   }
 }
 
+TEMPLATE_TEST_CASE("vector_math: very low temperatures keep the special-value selections",
+                   "[vector_math]", float, double) {
+  // At scale 1/T of about 1e6, log2(x) near -100 is a multiple of 2^-17 for float, so the
+  // exponent (log2 x + 100) / T moves in steps of about 7.5: T = 1.02126e-6 puts a step at
+  // -127, under the floor (-126.4), and rounds every exponent from -125.4 (where the plain
+  // range starts) to -123.2 down to it. Rows crowding there (and logits around the floor
+  // with a large top) must still match the scalar code bitwise on every path: the plain
+  // form must not run at such temperatures (it would not flush those lanes).
+  using T = TestType;
+  specdec::xoshiro256pp g(37);
+  std::vector<specdec::kernel_path> paths{specdec::kernel_path::portable};
+  for (const auto path : {specdec::kernel_path::avx2, specdec::kernel_path::avx512}) {
+    if (specdec::kernel_path_supported(path)) paths.push_back(path);
+  }
+  const double floor2 = static_cast<double>(sd::float_bits<T>::exp2_floor);
+  const double floor_e = static_cast<double>(sd::float_bits<T>::exp_floor);
+  for (const double temperature : {1.02126e-6, 1e-4}) {
+    const std::size_t size = 16 * sd::tempered_block;
+    const T top = static_cast<T>(std::exp2(sizeof(T) == 4 ? -100.0 : -900.0));
+    const T log_top = sd::log2_positive(top);
+    const T scale = static_cast<T>(1.0 / temperature);
+    std::vector<T> row(size);
+    std::vector<T> logits(size);
+    const T logit_top = T(1e4);
+    for (std::size_t j = 0; j < size; ++j) {
+      // Even blocks: exponents from floor + 1 to floor + 1.5 (inside the plain range as the
+      // screen sees it, but within the exponent's rounding of the floor); odd blocks: from
+      // floor - 2 to floor + 2.
+      const double v = specdec::uniform01<double>(g);
+      const double u = (j / sd::tempered_block) % 2 == 0 ? 1.0 + 0.5 * v : -2.0 + 4.0 * v;
+      row[j] = static_cast<T>(static_cast<double>(top) * std::exp2((floor2 + u) * temperature));
+      logits[j] = static_cast<T>(static_cast<double>(logit_top) + (floor_e + u) * temperature);
+    }
+    row[size - 1] = top;
+    logits[size - 1] = logit_top;
+    for (const auto path : paths) {
+      specdec::force_kernel_path(path);
+      INFO("path " << specdec::to_string(path) << ", T = " << temperature);
+      std::vector<T> weights(size);
+      std::vector<T> exps(size);
+      sd::tempered_weights(row.data(), weights.data(), size, log_top, scale);
+      sd::shifted_exp(logits.data(), exps.data(), size, logit_top, scale);
+      std::size_t mismatches = 0;
+      std::size_t flushed = 0;
+      for (std::size_t j = 0; j < size; ++j) {
+        const T expected = sd::tempered_weight(row[j], log_top, scale);
+        if (!same_bits(weights[j], expected)) ++mismatches;
+        if (!same_bits(exps[j], sd::exp_nonpositive((logits[j] - logit_top) * scale))) {
+          ++mismatches;
+        }
+        if (expected == T(0)) ++flushed;
+      }
+      CHECK(mismatches == 0);
+      CHECK(flushed > 0);
+    }
+    specdec::reset_kernel_path();
+  }
+}
+
 TEMPLATE_TEST_CASE("vector_math: shifted exponentials take the plain form only in blocks it fits",
                    "[vector_math]", float, double) {
   // shifted_exp screens blocks as tempered_weights does, comparing logits as numbers (they

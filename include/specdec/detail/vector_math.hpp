@@ -629,14 +629,22 @@ inline void tempered_weights(const U* in, T* out, std::size_t size, T log_top, T
   // number on. A whole unit of exponent spare at the bottom (and the top far above any
   // entry of a row whose maximum is top), so that neither the rounding of log2_lanes nor a
   // last-bit difference of std::exp2 between C libraries can put a screened lane outside.
+  // The computed exponent is off by at most scale * eps * (4 |log2 x| + |log2_top|) (log2
+  // within 3 ulp, the subtraction and product rounded; |log2 x| <= 128 for normal float
+  // x, 1024 for double): no plain range where that could reach a quarter of the spare
+  // unit (a very low temperature).
   const double top = static_cast<double>(log_top);
   const double inverse = 1.0 / static_cast<double>(scale);
   const double low =
       std::exp2(top + (static_cast<double>(float_bits<T>::exp2_floor) + 1.0) * inverse);
   const double high = std::exp2(top + 64.0 * inverse);
   constexpr double largest = static_cast<double>(std::numeric_limits<T>::max());
+  constexpr double largest_log = sizeof(T) == 4 ? 128.0 : 1024.0;
+  const double exponent_error = static_cast<double>(scale) *
+                                static_cast<double>(std::numeric_limits<T>::epsilon()) *
+                                (4.0 * largest_log + std::fabs(top));
   plain_range<T> plain{T(1), T(0)};  // none
-  if (low <= largest && low == low && high == high) {
+  if (low <= largest && low == low && high == high && exponent_error <= 0.25) {
     plain.from = std::max(static_cast<T>(low), std::numeric_limits<T>::min());
     plain.to = static_cast<T>(std::min(high, largest));
   }
@@ -654,16 +662,21 @@ inline void tempered_weights(const U* in, T* out, std::size_t size, T log_top, T
 template <class T, class U>
 inline void shifted_exp(const U* in, T* out, std::size_t size, T top, T scale) noexcept {
   // The plain range: logits whose exponent (x - top) * scale lies in [floor + 1, 64], a
-  // whole unit above exp_lanes's floor (the rounding of the bound to T and of x - top
-  // stay far inside it). Only where x - top cannot overflow (|top| and |from| under a
-  // quarter of the largest T); -inf and NaN logits never lie in it.
+  // whole unit above exp_lanes's floor. Only where x - top cannot overflow (|top| and
+  // |from| under a quarter of the largest T), and where rounding the bound to T moves the
+  // exponent by at most a quarter of that unit (scale * |from| * eps: a very low
+  // temperature on large logits has no plain range); x - top and the product are rounded
+  // relative to the exponent itself, far inside the unit. -inf and NaN logits never lie in
+  // it.
   const double t = static_cast<double>(top);
   const double inverse = 1.0 / static_cast<double>(scale);
   const double low = t + (static_cast<double>(float_bits<T>::exp_floor) + 1.0) * inverse;
   const double high = t + 64.0 * inverse;
   constexpr double quarter = static_cast<double>(std::numeric_limits<T>::max()) / 4;
+  const double bound_error = static_cast<double>(scale) * std::fabs(low) *
+                             static_cast<double>(std::numeric_limits<T>::epsilon());
   plain_range<T> plain{T(1), T(0)};  // none
-  if (std::fabs(t) <= quarter && low >= -quarter && low <= high) {
+  if (std::fabs(t) <= quarter && low >= -quarter && low <= high && bound_error <= 0.25) {
     plain.from = static_cast<T>(low);
     plain.to = static_cast<T>(std::min(high, quarter));
   }
