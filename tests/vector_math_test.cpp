@@ -204,7 +204,9 @@ TEMPLATE_TEST_CASE("vector_math: tempered rows take the plain form only in block
   // exponent at least the floor plus one). Long rows of normal entries, with one special
   // entry planted in some blocks: 0, a subnormal, a NaN, +inf, a negative number, or a
   // normal number whose weight flushes to 0 (below the floor); every weight must equal the
-  // scalar tempered_weight bitwise, on every path, in place too. Temperatures from 0.25
+  // scalar tempered_weight bitwise, on every path, in place too, and so must the two-pass
+  // form (log2_with_max, whose maximum passes NaN over, then exp2_shifted, screened alike
+  // on the log2 values). Temperatures from 0.25
   // (scale 4: the row's small entries flush) to 3. A screen that let a special lane into a
   // plain block (a wrong bound, or no screen) gives that lane a finite garbage weight.
   using T = TestType;
@@ -255,12 +257,25 @@ TEMPLATE_TEST_CASE("vector_math: tempered rows take the plain form only in block
       sd::tempered_weights(row.data(), weights.data(), size, log_top, scale);
       std::vector<T> in_place = row;
       sd::tempered_weights(in_place.data(), in_place.data(), size, log_top, scale);
+      // The same weights in two passes: log2 values with the row's maximum, then 2^(...).
+      std::vector<T> halves(size);
+      const T found = sd::log2_with_max(row.data(), halves.data(), size);
+      std::size_t log_mismatches = 0;
+      for (std::size_t j = 0; j < size; ++j) {
+        if (!same_bits(halves[j], sd::log2_positive(row[j]))) ++log_mismatches;
+      }
+      CHECK(log_mismatches == 0);
+      T largest = -std::numeric_limits<T>::infinity();  // NaN entries passed over
+      for (const T x : row) largest = x > largest ? x : largest;
+      CHECK(same_bits(found, largest));
+      sd::exp2_shifted(halves.data(), halves.data(), size, log_top, scale);
       std::size_t mismatches = 0;
       std::size_t flushed = 0;
       for (std::size_t j = 0; j < size; ++j) {
         const T expected = sd::tempered_weight(row[j], log_top, scale);
         if (!same_bits(weights[j], expected)) ++mismatches;
         if (!same_bits(in_place[j], expected)) ++mismatches;
+        if (!same_bits(halves[j], expected)) ++mismatches;
         if (expected == T(0) && row[j] > T(0)) ++flushed;
       }
       CHECK(mismatches == 0);
@@ -277,7 +292,8 @@ TEMPLATE_TEST_CASE("vector_math: very low temperatures keep the special-value se
   // -127, under the floor (-126.4), and rounds every exponent from -125.4 (where the plain
   // range starts) to -123.2 down to it. Rows crowding there (and logits around the floor
   // with a large top) must still match the scalar code bitwise on every path: the plain
-  // form must not run at such temperatures (it would not flush those lanes).
+  // form must not run at such temperatures (it would not flush those lanes). The same for
+  // the weights in two passes (log2_with_max, then exp2_shifted from the log2 values).
   using T = TestType;
   specdec::xoshiro256pp g(37);
   std::vector<specdec::kernel_path> paths{specdec::kernel_path::portable};
@@ -310,13 +326,17 @@ TEMPLATE_TEST_CASE("vector_math: very low temperatures keep the special-value se
       INFO("path " << specdec::to_string(path) << ", T = " << temperature);
       std::vector<T> weights(size);
       std::vector<T> exps(size);
+      std::vector<T> halves(size);
       sd::tempered_weights(row.data(), weights.data(), size, log_top, scale);
       sd::shifted_exp(logits.data(), exps.data(), size, logit_top, scale);
+      CHECK(same_bits(sd::log2_with_max(row.data(), halves.data(), size), top));
+      sd::exp2_shifted(halves.data(), halves.data(), size, log_top, scale);
       std::size_t mismatches = 0;
       std::size_t flushed = 0;
       for (std::size_t j = 0; j < size; ++j) {
         const T expected = sd::tempered_weight(row[j], log_top, scale);
         if (!same_bits(weights[j], expected)) ++mismatches;
+        if (!same_bits(halves[j], expected)) ++mismatches;
         if (!same_bits(exps[j], sd::exp_nonpositive((logits[j] - logit_top) * scale))) {
           ++mismatches;
         }

@@ -207,6 +207,7 @@ class Standardizer {
     // the nucleus.
     double known_total = std::numeric_limits<double>::quiet_NaN();
     U maximum;
+    bool logs_written = false;  // out holds log2 of every entry (T != 1)
     if constexpr (std::is_same_v<U, T>) {
       if (options_.temperature != 1.0 && screen != nullptr && screens_first_pass<U>(size)) {
         // The maximum with the row's mass and signs (the caller's validation screen).
@@ -229,6 +230,15 @@ class Standardizer {
                                first.kept.last_key, first.kept.last,
                                static_cast<T>(1.0 / first.kept.mass));
           return static_cast<double>(maximum) / first.kept.mass;
+        }
+      } else if (options_.temperature != 1.0 && (options_.top_k == 0 || options_.top_k >= size)) {
+        // Every tempered weight will be written: the pass that takes the maximum writes
+        // the entries' log2 into `out` (the first half of each weight; exp2_shifted does
+        // the rest in place), so that no pass reads the row for its maximum alone.
+        maximum = detail::log2_with_max(probabilities.data(), out.data(), size);
+        logs_written = true;
+        if (maximum == -std::numeric_limits<U>::infinity()) {  // max_entry's NaN-row rule
+          maximum = detail::max_entry(probabilities.data(), size);
         }
       } else {
         maximum = detail::max_entry(probabilities.data(), size);
@@ -276,13 +286,19 @@ class Standardizer {
     const T scale =
         std::max(static_cast<T>(inverse_temperature), std::numeric_limits<T>::denorm_min());
     const T log_top = detail::log2_positive(static_cast<T>(maximum));
+    T* const logs = logs_written ? out.data() : nullptr;
     return finish(
         probabilities, out, U(0), maximum, min_key, use_min_p, T(1),
         [probabilities, log_top, scale](std::size_t j) {
           return detail::tempered_weight(static_cast<T>(probabilities[j]), log_top, scale);
         },
-        [probabilities, log_top, scale](std::span<T> all) {
-          detail::tempered_weights(probabilities.data(), all.data(), all.size(), log_top, scale);
+        [probabilities, log_top, scale, logs](std::span<T> all) {
+          if (logs != nullptr) {  // the log2 values the first pass wrote into `out` (= all)
+            SPECDEC_ASSERT(all.data() == logs);
+            detail::exp2_shifted(logs, all.data(), all.size(), log_top, scale);
+          } else {
+            detail::tempered_weights(probabilities.data(), all.data(), all.size(), log_top, scale);
+          }
         });
   }
 

@@ -501,7 +501,8 @@ SPECDEC_KERNEL_INLINE void tempered_weights_body(const U* in, T* out, std::size_
 /// one subtraction and maximum per pack, as tempered_weights_screened (comparisons of
 /// 64-byte packs would go through mask registers, which GCC scalarizes here). NaN keys
 /// lie beyond those of the infinities, outside every finite range.
-template <std::size_t Bytes, class T>
+/// base2: 2^((x - top) * scale) instead (exp2_shifted: x a log2).
+template <std::size_t Bytes, bool base2, class T>
 SPECDEC_KERNEL_INLINE void shifted_exp_screened(const T* in, T* out, std::size_t size, T top,
                                                 T scale, plain_range<T> plain) noexcept {
   using pack = pack_t<T, Bytes>;
@@ -509,7 +510,7 @@ SPECDEC_KERNEL_INLINE void shifted_exp_screened(const T* in, T* out, std::size_t
   static_assert(tempered_block % (2 * width) == 0);
   const auto full = [top, scale](auto& x) SPECDEC_LAMBDA_INLINE {
     x = (x - top) * scale;
-    exp_lanes(x);
+    exponential_lanes<base2>(x);
   };
   using upack = pack_uint_t<T, Bytes>;
   using word = typename float_bits<T>::uint;
@@ -551,8 +552,8 @@ SPECDEC_KERNEL_INLINE void shifted_exp_screened(const T* in, T* out, std::size_t
         std::memcpy(&y, in + h + width, sizeof y);
         x = (x - top) * scale;
         y = (y - top) * scale;
-        exponential_lanes<false, true>(x);
-        exponential_lanes<false, true>(y);
+        exponential_lanes<base2, true>(x);
+        exponential_lanes<base2, true>(y);
         std::memcpy(out + h, &x, sizeof x);
         std::memcpy(out + h + width, &y, sizeof y);
       }
@@ -564,12 +565,97 @@ SPECDEC_KERNEL_INLINE void shifted_exp_screened(const T* in, T* out, std::size_t
 }
 #endif
 
+/// log2_with_max for rows of T: out[j] = log2(in[j]) as log2_lanes, blocks of normal
+/// positive finite entries (the bits screen of tempered_weights_screened) without the
+/// special-value selections; returns the largest entry as span_max finds it (NaN entries
+/// passed over, -infinity when there is none).
+template <std::size_t Bytes, class T>
+SPECDEC_KERNEL_INLINE T log2_with_max_screened(const T* in, T* out, std::size_t size) noexcept {
+  using pack = pack_t<T, Bytes>;
+  using upack = pack_uint_t<T, Bytes>;
+  using word = typename float_bits<T>::uint;
+  constexpr std::size_t width = Bytes / sizeof(T);
+  static_assert(tempered_block % (2 * width) == 0);
+  constexpr T smallest = std::numeric_limits<T>::min();
+  const auto from_bits = SPECDEC_BIT_CAST(word, smallest);
+  const word room = SPECDEC_BIT_CAST(word, std::numeric_limits<T>::max()) - from_bits;
+  const pack lowest = pack{} - std::numeric_limits<T>::infinity();
+  pack best = lowest;  // x > best ? x : best passes NaN over
+  std::size_t j = 0;
+  for (; j + tempered_block <= size; j += tempered_block) {
+    upack widest{};
+    for (std::size_t h = j; h < j + tempered_block; h += width) {
+      pack x;
+      std::memcpy(&x, in + h, sizeof x);
+      best = x > best ? x : best;
+      const upack distance = SPECDEC_BIT_CAST(upack, x) - from_bits;
+      widest = distance > widest ? distance : widest;
+    }
+    word largest = 0;
+    for (std::size_t k = 0; k < width; ++k) largest = widest[k] > largest ? widest[k] : largest;
+    if (largest <= room) {
+      for (std::size_t h = j; h < j + tempered_block; h += 2 * width) {
+        pack x;
+        pack y;
+        std::memcpy(&x, in + h, sizeof x);
+        std::memcpy(&y, in + h + width, sizeof y);
+        logarithm_lanes<true, true>(x);
+        logarithm_lanes<true, true>(y);
+        std::memcpy(out + h, &x, sizeof x);
+        std::memcpy(out + h + width, &y, sizeof y);
+      }
+    } else {
+      map_lanes<Bytes>(in + j, out + j, tempered_block,
+                       [](auto& x) SPECDEC_LAMBDA_INLINE { logarithm_lanes<true>(x); });
+    }
+  }
+  T maximum = -std::numeric_limits<T>::infinity();
+  for (std::size_t k = 0; k < width; ++k) maximum = best[k] > maximum ? best[k] : maximum;
+  for (; j < size; ++j) {
+    T x = in[j];
+    maximum = x > maximum ? x : maximum;
+    logarithm_lanes<true>(x);
+    out[j] = x;
+  }
+  return maximum;
+}
+
+template <std::size_t Bytes, class T>
+SPECDEC_KERNEL_INLINE T log2_with_max_body(const T* in, T* out, std::size_t size) noexcept {
+#if SPECDEC_VECTOR_MATH_PACKS
+  return log2_with_max_screened<Bytes>(in, out, size);
+#else
+  T maximum = -std::numeric_limits<T>::infinity();
+  for (std::size_t j = 0; j < size; ++j) {
+    T x = in[j];
+    maximum = x > maximum ? x : maximum;
+    logarithm_lanes<true>(x);
+    out[j] = x;
+  }
+  return maximum;
+#endif
+}
+
+template <std::size_t Bytes, class T>
+SPECDEC_KERNEL_INLINE void exp2_shifted_body(const T* in, T* out, std::size_t size, T top, T scale,
+                                             plain_range<T> plain) noexcept {
+#if SPECDEC_VECTOR_MATH_PACKS
+  shifted_exp_screened<Bytes, true>(in, out, size, top, scale, plain);
+#else
+  static_cast<void>(plain);
+  map_lanes<Bytes>(in, out, size, [top, scale](auto& x) {
+    x = (x - top) * scale;
+    exp2_lanes(x);
+  });
+#endif
+}
+
 template <std::size_t Bytes, class T, class U>
 SPECDEC_KERNEL_INLINE void shifted_exp_body(const U* in, T* out, std::size_t size, T top, T scale,
                                             plain_range<T> plain) noexcept {
 #if SPECDEC_VECTOR_MATH_PACKS
   if constexpr (std::is_same_v<T, U>) {
-    shifted_exp_screened<Bytes>(in, out, size, top, scale, plain);
+    shifted_exp_screened<Bytes, false>(in, out, size, top, scale, plain);
     return;
   }
 #endif
@@ -586,6 +672,15 @@ SPECDEC_TARGET_AVX2 void tempered_weights_avx2(const U* in, T* out, std::size_t 
                                                T scale, plain_range<T> plain) noexcept {
   tempered_weights_body<32>(in, out, size, log_top, scale, plain);
 }
+template <class T>
+SPECDEC_TARGET_AVX2 T log2_with_max_avx2(const T* in, T* out, std::size_t size) noexcept {
+  return log2_with_max_body<32>(in, out, size);
+}
+template <class T>
+SPECDEC_TARGET_AVX2 void exp2_shifted_avx2(const T* in, T* out, std::size_t size, T top, T scale,
+                                           plain_range<T> plain) noexcept {
+  exp2_shifted_body<32>(in, out, size, top, scale, plain);
+}
 template <class T, class U>
 SPECDEC_TARGET_AVX2 void shifted_exp_avx2(const U* in, T* out, std::size_t size, T top, T scale,
                                           plain_range<T> plain) noexcept {
@@ -597,6 +692,15 @@ template <class T, class U>
 SPECDEC_TARGET_AVX512 void tempered_weights_avx512(const U* in, T* out, std::size_t size, T log_top,
                                                    T scale, plain_range<T> plain) noexcept {
   tempered_weights_body<64>(in, out, size, log_top, scale, plain);
+}
+template <class T>
+SPECDEC_TARGET_AVX512 T log2_with_max_avx512(const T* in, T* out, std::size_t size) noexcept {
+  return log2_with_max_body<64>(in, out, size);
+}
+template <class T>
+SPECDEC_TARGET_AVX512 void exp2_shifted_avx512(const T* in, T* out, std::size_t size, T top,
+                                               T scale, plain_range<T> plain) noexcept {
+  exp2_shifted_body<64>(in, out, size, top, scale, plain);
 }
 template <class T, class U>
 SPECDEC_TARGET_AVX512 void shifted_exp_avx512(const U* in, T* out, std::size_t size, T top, T scale,
@@ -612,6 +716,19 @@ SPECDEC_PORTABLE_KERNEL inline void tempered_weights_portable(const U* in, T* ou
                                                               T log_top, T scale,
                                                               plain_range<T> plain) noexcept {
   tempered_weights_body<16>(in, out, size, log_top, scale, plain);
+}
+
+template <class T>
+SPECDEC_PORTABLE_KERNEL inline T log2_with_max_portable(const T* in, T* out,
+                                                        std::size_t size) noexcept {
+  return log2_with_max_body<16>(in, out, size);
+}
+
+template <class T>
+SPECDEC_PORTABLE_KERNEL inline void exp2_shifted_portable(const T* in, T* out, std::size_t size,
+                                                          T top, T scale,
+                                                          plain_range<T> plain) noexcept {
+  exp2_shifted_body<16>(in, out, size, top, scale, plain);
 }
 
 template <class T, class U>
@@ -687,6 +804,51 @@ inline void shifted_exp(const U* in, T* out, std::size_t size, T top, T scale) n
   if (use_avx2()) return shifted_exp_avx2(in, out, size, top, scale, plain);
 #endif
   shifted_exp_portable(in, out, size, top, scale, plain);
+}
+
+/// out[j] = log2_positive(in[j]) for j < size (`in` may be `out`), and the largest entry as
+/// span_max finds it (NaN entries passed over, -infinity when there is none), in one pass:
+/// the first half of tempered_weights for a row whose maximum is not known yet.
+/// exp2_shifted(out, out, size, log2_positive(maximum), scale) then writes bitwise
+/// tempered_weights(in, out, size, log2_positive(maximum), scale).
+template <class T>
+inline T log2_with_max(const T* in, T* out, std::size_t size) noexcept {
+#if SPECDEC_DISPATCH_AVX512
+  if (use_avx512()) return log2_with_max_avx512(in, out, size);
+#endif
+#if SPECDEC_DISPATCH_AVX2
+  if (use_avx2()) return log2_with_max_avx2(in, out, size);
+#endif
+  return log2_with_max_portable(in, out, size);
+}
+
+/// out[j] = exp2_nonpositive((in[j] - log2_top) * scale) for j < size (`in` may be `out`):
+/// the second half of tempered_weights, from the log2 values log2_with_max wrote.
+template <class T>
+inline void exp2_shifted(const T* in, T* out, std::size_t size, T log2_top, T scale) noexcept {
+  // The plain range as shifted_exp's, in base 2: log2 values whose exponent lies in
+  // [floor + 1, 64] (the log2 values are screened themselves, so the logarithm's own
+  // rounding does not enter), where rounding the bound to T moves the exponent by at most
+  // a quarter of the spare unit.
+  const double t = static_cast<double>(log2_top);
+  const double inverse = 1.0 / static_cast<double>(scale);
+  const double low = t + (static_cast<double>(float_bits<T>::exp2_floor) + 1.0) * inverse;
+  const double high = t + 64.0 * inverse;
+  constexpr double quarter = static_cast<double>(std::numeric_limits<T>::max()) / 4;
+  const double bound_error = static_cast<double>(scale) * std::fabs(low) *
+                             static_cast<double>(std::numeric_limits<T>::epsilon());
+  plain_range<T> plain{T(1), T(0)};  // none
+  if (std::fabs(t) <= quarter && low >= -quarter && low <= high && bound_error <= 0.25) {
+    plain.from = static_cast<T>(low);
+    plain.to = static_cast<T>(std::min(high, quarter));
+  }
+#if SPECDEC_DISPATCH_AVX512
+  if (use_avx512()) return exp2_shifted_avx512(in, out, size, log2_top, scale, plain);
+#endif
+#if SPECDEC_DISPATCH_AVX2
+  if (use_avx2()) return exp2_shifted_avx2(in, out, size, log2_top, scale, plain);
+#endif
+  exp2_shifted_portable(in, out, size, log2_top, scale, plain);
 }
 
 SPECDEC_KERNELS_END
