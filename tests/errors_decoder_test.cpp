@@ -41,6 +41,7 @@ enum class fault {
   none,
   short_row,     // V - 1 entries
   nan_entry,     // entry 1 is NaN
+  infinite,      // entry 1 is +infinity
   negative,      // entry 1 is -0.25
   zero_row,      // all zero
   unnormalized,  // sums to 1.5
@@ -55,6 +56,9 @@ void poison(std::span<T> row, fault how) {
   switch (how) {
     case fault::nan_entry:
       row[1] = std::numeric_limits<T>::quiet_NaN();
+      break;
+    case fault::infinite:
+      row[1] = std::numeric_limits<T>::infinity();
       break;
     case fault::negative:
       row[1] = T(-0.25);
@@ -638,6 +642,7 @@ void check_row_faults(const specdec::SamplingOptions& sampling, std::size_t voca
   };
   for (const Case& c :
        {Case{fault::nan_entry, errc::invalid_probability, "entry for token 1 is NaN"},
+        Case{fault::infinite, errc::invalid_probability, "entry for token 1 is infinite"},
         Case{fault::negative, errc::invalid_probability, "entry for token 1 is negative"},
         Case{fault::zero_row, errc::zero_mass, "all entries are zero"},
         Case{fault::unnormalized, errc::not_normalized, "entries sum to 1.5"},
@@ -703,7 +708,10 @@ TEMPLATE_TEST_CASE("D13-D15 T != 1: dense rows are screened in the pass that tak
   // At T != 1 the standardization's first pass takes the row's maximum (the tempered
   // weights are scaled by it); with validation on it takes the row's sum and signs too
   // (Standardizer::screens_first_pass) instead of a validation pass before it, and the
-  // decoder judges the row after it. Short and long rows, with top-p and min-p.
+  // decoder judges the row after it: the standardization must survive any row (an
+  // infinite entry makes every other tempered weight 0; top-p then finds no nucleus, where
+  // it once read before its list, found by fuzz_decoder). Short and long rows, with top-p
+  // and min-p.
   check_row_faults<TestType>({.temperature = 0.7}, 64);
   check_row_faults<TestType>({.temperature = 1.3, .min_p = 0.05}, 100);
   check_row_faults<TestType>({.temperature = 0.7, .top_p = 0.9}, 5000);

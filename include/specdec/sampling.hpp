@@ -209,22 +209,24 @@ class Standardizer {
     U maximum;
     bool logs_written = false;  // out holds log2 of every entry (T != 1)
     if constexpr (std::is_same_v<U, T>) {
+      // The fused first passes find the maximum as span_max does (NaN entries passed over,
+      // -infinity when there is none); a row of only NaN and -infinity then takes
+      // max_entry, which reports the NaN.
+      const auto with_nan_rule = [probabilities, size](U found) {
+        return found == -std::numeric_limits<U>::infinity()
+                   ? detail::max_entry(probabilities.data(), size)
+                   : found;
+      };
       if (options_.temperature != 1.0 && screen != nullptr && screens_first_pass<U>(size)) {
         // The maximum with the row's mass and signs (the caller's validation screen).
         const auto first = detail::nucleus_max_total(probabilities.data(), size);
-        maximum = first.maximum;
+        maximum = with_nan_rule(first.maximum);
         *screen = {first.signs_passed, first.total};
-        if (maximum == -std::numeric_limits<U>::infinity()) {  // max_entry's NaN-row rule
-          maximum = detail::max_entry(probabilities.data(), size);
-        }
       } else if (options_.temperature == 1.0 && screens_first_pass<U>(size)) {
         const auto first = nucleus_first_pass(probabilities);
-        maximum = first.screen.maximum;
+        maximum = with_nan_rule(first.screen.maximum);
         known_total = first.screen.total;
         if (screen != nullptr) *screen = {first.screen.signs_passed, first.screen.total};
-        if (maximum == -std::numeric_limits<U>::infinity()) {  // max_entry's NaN-row rule
-          maximum = detail::max_entry(probabilities.data(), size);
-        }
         if (first.found) {  // a positive mass: the maximum and the kept mass are positive
           detail::nucleus_keep(probabilities.data(), probabilities.data(), out.data(), size,
                                first.kept.last_key, first.kept.last,
@@ -235,11 +237,8 @@ class Standardizer {
         // Every tempered weight will be written: the pass that takes the maximum writes
         // the entries' log2 into `out` (the first half of each weight; exp2_shifted does
         // the rest in place), so that no pass reads the row for its maximum alone.
-        maximum = detail::log2_with_max(probabilities.data(), out.data(), size);
+        maximum = with_nan_rule(detail::log2_with_max(probabilities.data(), out.data(), size));
         logs_written = true;
-        if (maximum == -std::numeric_limits<U>::infinity()) {  // max_entry's NaN-row rule
-          maximum = detail::max_entry(probabilities.data(), size);
-        }
       } else {
         maximum = detail::max_entry(probabilities.data(), size);
       }
@@ -731,6 +730,10 @@ class Standardizer {
       above = 0.0;
       end = nucleus_end(key, weights, index_.begin(), index_.end(), needed).first;
     }
+    // No positive weight at all (an infinite maximum makes every finite entry's tempered
+    // weight 0 and its own NaN): no nucleus, a zero mass (the caller's zero row). A caller
+    // validating after the standardization refuses such a row then.
+    if (index_.empty()) return {U(0), 0, 0.0};
     const std::uint32_t last = *(end - 1);
     std::sort(index_.begin(), end);
     double mass = above;

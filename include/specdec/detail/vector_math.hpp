@@ -406,154 +406,43 @@ inline void map_lanes(const U* in, T* out, std::size_t size, Lane lane) noexcept
 }
 #endif
 
-/// Entries per block of tempered_weights_body's screen.
+/// Entries per block of the screened passes below.
 inline constexpr std::size_t tempered_block = 256;
 
-#if SPECDEC_VECTOR_MATH_PACKS
-/// The range of entries tempered_lanes<true> may take: x in [from, to], so that the
-/// logarithm sees a normal positive finite number and the exponential an exponent between
-/// the floor plus one and 64 (tempered_weights computes it). `to` < `from`: none.
+/// The range of entries a screened pass may give its plain form (tempered_weights,
+/// exp2_shifted and shifted_exp compute it): [from, to], where every lane the form sees is
+/// an ordinary number whose result needs none of the special-value selections. `to` <
+/// `from`: none.
 template <class T>
 struct plain_range {
   T from;
   T to;
 };
 
-/// tempered_weights for rows of T: each block of tempered_block entries is screened first
-/// (one integer subtraction and maximum per pack); a block whose entries all lie in the
-/// plain range takes tempered_lanes<true> (no selections for special lanes), any other
-/// block the full tempered_lanes. Both forms give bitwise the same weights in that range,
-/// so the screen only skips work. In place works (a block is read whole before it is
-/// written).
-template <std::size_t Bytes, class T>
-SPECDEC_KERNEL_INLINE void tempered_weights_screened(const T* in, T* out, std::size_t size,
-                                                     T log_top, T scale,
-                                                     plain_range<T> plain) noexcept {
+#if SPECDEC_VECTOR_MATH_PACKS
+/// The screened passes: blocks of tempered_block entries, each screened first (one integer
+/// subtraction and maximum per pack, `fits`); a block that fits takes `plain` (the lanes
+/// without the selections for special values, bitwise the same results on such entries) two
+/// packs per iteration, so that their two long chains of dependent operations overlap (a
+/// 64k float row in L2: 52.3 -> 49.0 us with AVX-512, best of 3000 runs); any other block,
+/// and the tail, takes `full` (map_lanes). In place works (a block is read whole before it
+/// is written). Returns where the tail starts.
+template <std::size_t Bytes, class T, class Fits, class Plain, class Full>
+SPECDEC_KERNEL_INLINE std::size_t screened_blocks(const T* in, T* out, std::size_t size, Fits fits,
+                                                  Plain plain, Full full) noexcept {
   using pack = pack_t<T, Bytes>;
-  using upack = pack_uint_t<T, Bytes>;
-  using word = typename float_bits<T>::uint;
   constexpr std::size_t width = Bytes / sizeof(T);
   static_assert(tempered_block % (2 * width) == 0);
-  const auto from_bits = SPECDEC_BIT_CAST(word, plain.from);
-  // Positive numbers order as their bits: x lies in [from, to] iff bits(x) - bits(from)
-  // (unsigned, wrapping below `from`) is at most bits(to) - bits(from). Negative and NaN x
-  // are not (their bits lie above those of +inf).
-  const bool any = plain.from <= plain.to;
-  const word room = any ? SPECDEC_BIT_CAST(word, plain.to) - from_bits : word{0};
   std::size_t j = 0;
   for (; j + tempered_block <= size; j += tempered_block) {
-    upack widest{};
-    for (std::size_t h = j; h < j + tempered_block; h += width) {
-      pack x;
-      std::memcpy(&x, in + h, sizeof x);
-      const upack distance = SPECDEC_BIT_CAST(upack, x) - from_bits;
-      widest = distance > widest ? distance : widest;
-    }
-    word largest = 0;
-    for (std::size_t k = 0; k < width; ++k) largest = widest[k] > largest ? widest[k] : largest;
-    if (any && largest <= room) {
-      // Two packs per iteration: their two long chains of dependent operations overlap
-      // (a 64k float row of L2: 52.3 -> 49.0 us with AVX-512, best of 3000 runs).
+    if (fits(in + j)) {
       for (std::size_t h = j; h < j + tempered_block; h += 2 * width) {
         pack x;
         pack y;
         std::memcpy(&x, in + h, sizeof x);
         std::memcpy(&y, in + h + width, sizeof y);
-        tempered_lanes<true>(x, log_top, scale);
-        tempered_lanes<true>(y, log_top, scale);
-        std::memcpy(out + h, &x, sizeof x);
-        std::memcpy(out + h + width, &y, sizeof y);
-      }
-    } else {
-      map_lanes<Bytes>(in + j, out + j, tempered_block,
-                       [log_top, scale](auto& x)
-                           SPECDEC_LAMBDA_INLINE { tempered_lanes(x, log_top, scale); });
-    }
-  }
-  map_lanes<Bytes>(in + j, out + j, size - j, [log_top, scale](auto& x) SPECDEC_LAMBDA_INLINE {
-    tempered_lanes(x, log_top, scale);
-  });
-}
-#endif
-
-template <std::size_t Bytes, class T, class U>
-SPECDEC_KERNEL_INLINE void tempered_weights_body(const U* in, T* out, std::size_t size, T log_top,
-                                                 T scale, plain_range<T> plain) noexcept {
-#if SPECDEC_VECTOR_MATH_PACKS
-  if constexpr (std::is_same_v<T, U>) {
-    tempered_weights_screened<Bytes>(in, out, size, log_top, scale, plain);
-    return;
-  }
-#endif
-  static_cast<void>(plain);
-  map_lanes<Bytes>(in, out, size, [log_top, scale](auto& x) SPECDEC_LAMBDA_INLINE {
-    tempered_lanes(x, log_top, scale);
-  });
-}
-
-#if SPECDEC_VECTOR_MATH_PACKS
-/// shifted_exp for rows of T, screened like tempered_weights_screened: a block whose
-/// entries all lie in the plain range [from, to] (finite logits whose exponent
-/// (x - top) * scale lies in [floor + 1, 64]; shifted_exp computes it) takes exp_lanes
-/// without its clamp, flush and NaN selections, bitwise the same there. Logits take any
-/// sign: the screen maps each one's bits to an unsigned key in the order of the numbers
-/// (sign bit set: all bits flipped; else the sign bit set) and checks the keys' range with
-/// one subtraction and maximum per pack, as tempered_weights_screened (comparisons of
-/// 64-byte packs would go through mask registers, which GCC scalarizes here). NaN keys
-/// lie beyond those of the infinities, outside every finite range.
-/// base2: 2^((x - top) * scale) instead (exp2_shifted: x a log2).
-template <std::size_t Bytes, bool base2, class T>
-SPECDEC_KERNEL_INLINE void shifted_exp_screened(const T* in, T* out, std::size_t size, T top,
-                                                T scale, plain_range<T> plain) noexcept {
-  using pack = pack_t<T, Bytes>;
-  constexpr std::size_t width = Bytes / sizeof(T);
-  static_assert(tempered_block % (2 * width) == 0);
-  const auto full = [top, scale](auto& x) SPECDEC_LAMBDA_INLINE {
-    x = (x - top) * scale;
-    exponential_lanes<base2>(x);
-  };
-  using upack = pack_uint_t<T, Bytes>;
-  using word = typename float_bits<T>::uint;
-  using signed_word = std::make_signed_t<word>;
-  using spack [[gnu::vector_size(Bytes)]] = signed_word;
-  constexpr unsigned last_bit = 8 * sizeof(word) - 1;
-  constexpr word sign_bit = word{1} << last_bit;
-  const auto order_key = [](T value) {
-    const auto bits = SPECDEC_BIT_CAST(word, value);
-    return (bits & sign_bit) != 0 ? ~bits : bits | sign_bit;
-  };
-  const bool any = plain.from <= plain.to;
-  const word from_key = order_key(plain.from);
-  const word room = any ? order_key(plain.to) - from_key : word{0};
-  std::size_t j = 0;
-  for (; j + tempered_block <= size; j += tempered_block) {
-    bool fits = any;
-    if (any) {
-      upack widest{};
-      for (std::size_t h = j; h < j + tempered_block; h += width) {
-        upack bits;
-        std::memcpy(&bits, in + h, sizeof bits);
-        // All ones where the sign bit is set (an arithmetic shift), then the sign bit.
-        const upack flip =
-            SPECDEC_BIT_CAST(upack, SPECDEC_BIT_CAST(spack, bits) >> signed_word{last_bit}) |
-            sign_bit;
-        const upack distance = (bits ^ flip) - from_key;
-        widest = distance > widest ? distance : widest;
-      }
-      word largest = 0;
-      for (std::size_t k = 0; k < width; ++k) largest = widest[k] > largest ? widest[k] : largest;
-      fits = largest <= room;
-    }
-    if (fits) {
-      for (std::size_t h = j; h < j + tempered_block; h += 2 * width) {
-        pack x;
-        pack y;
-        std::memcpy(&x, in + h, sizeof x);
-        std::memcpy(&y, in + h + width, sizeof y);
-        x = (x - top) * scale;
-        y = (y - top) * scale;
-        exponential_lanes<base2, true>(x);
-        exponential_lanes<base2, true>(y);
+        plain(x);
+        plain(y);
         std::memcpy(out + h, &x, sizeof x);
         std::memcpy(out + h + width, &y, sizeof y);
       }
@@ -562,108 +451,182 @@ SPECDEC_KERNEL_INLINE void shifted_exp_screened(const T* in, T* out, std::size_t
     }
   }
   map_lanes<Bytes>(in + j, out + j, size - j, full);
+  return j;
 }
-#endif
 
-/// log2_with_max for rows of T: out[j] = log2(in[j]) as log2_lanes, blocks of normal
-/// positive finite entries (the bits screen of tempered_weights_screened) without the
-/// special-value selections; returns the largest entry as span_max finds it (NaN entries
-/// passed over, -infinity when there is none).
+/// The largest of a pack's unsigned lanes.
 template <std::size_t Bytes, class T>
-SPECDEC_KERNEL_INLINE T log2_with_max_screened(const T* in, T* out, std::size_t size) noexcept {
+[[nodiscard]] SPECDEC_KERNEL_INLINE typename float_bits<T>::uint largest_lane(
+    const pack_uint_t<T, Bytes>& lanes) noexcept {
+  typename float_bits<T>::uint largest = 0;
+  for (std::size_t k = 0; k < Bytes / sizeof(T); ++k) {
+    largest = lanes[k] > largest ? lanes[k] : largest;
+  }
+  return largest;
+}
+
+/// Whether a block of non-negative numbers lies in [from, from + room in bits]: positive
+/// numbers order as their bits, so x lies there iff bits(x) - bits(from) (unsigned,
+/// wrapping below `from`) is at most `room`. Negative and NaN x never do (their bits lie
+/// above those of +inf). `each` sees every pack on the way (log2_with_max's maximum).
+template <std::size_t Bytes, class T, class Each>
+[[nodiscard]] SPECDEC_KERNEL_INLINE bool block_in_bits_range(const T* block,
+                                                             typename float_bits<T>::uint from,
+                                                             typename float_bits<T>::uint room,
+                                                             Each each) noexcept {
   using pack = pack_t<T, Bytes>;
   using upack = pack_uint_t<T, Bytes>;
+  upack widest{};
+  for (std::size_t h = 0; h < tempered_block; h += Bytes / sizeof(T)) {
+    pack x;
+    std::memcpy(&x, block + h, sizeof x);
+    each(x);
+    const upack distance = SPECDEC_BIT_CAST(upack, x) - from;
+    widest = distance > widest ? distance : widest;
+  }
+  return largest_lane<Bytes, T>(widest) <= room;
+}
+
+/// An unsigned key in the order of the numbers (NaN keys beyond those of the infinities):
+/// all bits flipped where the sign bit is set, else the sign bit set.
+template <class T>
+[[nodiscard]] inline typename float_bits<T>::uint order_key(T value) noexcept {
   using word = typename float_bits<T>::uint;
-  constexpr std::size_t width = Bytes / sizeof(T);
-  static_assert(tempered_block % (2 * width) == 0);
-  constexpr T smallest = std::numeric_limits<T>::min();
-  const auto from_bits = SPECDEC_BIT_CAST(word, smallest);
-  const word room = SPECDEC_BIT_CAST(word, std::numeric_limits<T>::max()) - from_bits;
-  const pack lowest = pack{} - std::numeric_limits<T>::infinity();
-  pack best = lowest;  // x > best ? x : best passes NaN over
-  std::size_t j = 0;
-  for (; j + tempered_block <= size; j += tempered_block) {
-    upack widest{};
-    for (std::size_t h = j; h < j + tempered_block; h += width) {
-      pack x;
-      std::memcpy(&x, in + h, sizeof x);
-      best = x > best ? x : best;
-      const upack distance = SPECDEC_BIT_CAST(upack, x) - from_bits;
-      widest = distance > widest ? distance : widest;
-    }
-    word largest = 0;
-    for (std::size_t k = 0; k < width; ++k) largest = widest[k] > largest ? widest[k] : largest;
-    if (largest <= room) {
-      for (std::size_t h = j; h < j + tempered_block; h += 2 * width) {
-        pack x;
-        pack y;
-        std::memcpy(&x, in + h, sizeof x);
-        std::memcpy(&y, in + h + width, sizeof y);
-        logarithm_lanes<true, true>(x);
-        logarithm_lanes<true, true>(y);
-        std::memcpy(out + h, &x, sizeof x);
-        std::memcpy(out + h + width, &y, sizeof y);
-      }
-    } else {
-      map_lanes<Bytes>(in + j, out + j, tempered_block,
-                       [](auto& x) SPECDEC_LAMBDA_INLINE { logarithm_lanes<true>(x); });
-    }
+  constexpr word sign_bit = word{1} << (8 * sizeof(word) - 1);
+  const auto bits = SPECDEC_BIT_CAST(word, value);
+  return (bits & sign_bit) != 0 ? static_cast<word>(~bits) : static_cast<word>(bits | sign_bit);
+}
+
+/// Whether a block of numbers of either sign lies in [from, to]: their order keys (an
+/// arithmetic shift, an OR and an XOR per pack), then block_in_bits_range's test on the
+/// keys (comparisons of 64-byte packs would go through mask registers, which GCC
+/// scalarizes here).
+template <std::size_t Bytes, class T>
+[[nodiscard]] SPECDEC_KERNEL_INLINE bool block_in_key_range(
+    const T* block, typename float_bits<T>::uint from, typename float_bits<T>::uint room) noexcept {
+  using upack = pack_uint_t<T, Bytes>;
+  using word = typename float_bits<T>::uint;
+  using signed_word = std::make_signed_t<word>;
+  using spack [[gnu::vector_size(Bytes)]] = signed_word;
+  constexpr unsigned last_bit = 8 * sizeof(word) - 1;
+  constexpr word sign_bit = word{1} << last_bit;
+  upack widest{};
+  for (std::size_t h = 0; h < tempered_block; h += Bytes / sizeof(T)) {
+    upack bits;
+    std::memcpy(&bits, block + h, sizeof bits);
+    const upack flip =
+        SPECDEC_BIT_CAST(upack, SPECDEC_BIT_CAST(spack, bits) >> signed_word{last_bit}) | sign_bit;
+    const upack distance = (bits ^ flip) - from;
+    widest = distance > widest ? distance : widest;
   }
+  return largest_lane<Bytes, T>(widest) <= room;
+}
+#endif
+
+/// tempered_weights: blocks whose entries all lie in the plain range (normal, exponent in
+/// [floor + 1, 64]) take tempered_lanes<true>.
+template <std::size_t Bytes, class T, class U>
+SPECDEC_KERNEL_INLINE void tempered_weights_body(const U* in, T* out, std::size_t size, T log_top,
+                                                 T scale, plain_range<T> plain) noexcept {
+  const auto full = [log_top, scale](auto& x)
+                        SPECDEC_LAMBDA_INLINE { tempered_lanes(x, log_top, scale); };
+#if SPECDEC_VECTOR_MATH_PACKS
+  if constexpr (std::is_same_v<T, U>) {
+    using word = typename float_bits<T>::uint;
+    const bool any = plain.from <= plain.to;
+    const auto from = SPECDEC_BIT_CAST(word, plain.from);
+    const word room = any ? SPECDEC_BIT_CAST(word, plain.to) - from : word{0};
+    (void)screened_blocks<Bytes>(
+        in, out, size,
+        [any, from, room](const T* block) SPECDEC_LAMBDA_INLINE {
+          return any && block_in_bits_range<Bytes>(block, from, room,
+                                                   [](const auto&) SPECDEC_LAMBDA_INLINE {});
+        },
+        [log_top, scale](auto& x)
+            SPECDEC_LAMBDA_INLINE { tempered_lanes<true>(x, log_top, scale); },
+        full);
+    return;
+  }
+#endif
+  static_cast<void>(plain);
+  map_lanes<Bytes>(in, out, size, full);
+}
+
+/// log2_with_max: out[j] = log2(in[j]) as log2_lanes, blocks of normal positive finite
+/// entries without the special-value selections; returns the largest entry as span_max
+/// finds it (NaN entries passed over, -infinity when there is none).
+template <std::size_t Bytes, class T>
+SPECDEC_KERNEL_INLINE T log2_with_max_body(const T* in, T* out, std::size_t size) noexcept {
+  const auto full = [](auto& x) SPECDEC_LAMBDA_INLINE { logarithm_lanes<true>(x); };
   T maximum = -std::numeric_limits<T>::infinity();
-  for (std::size_t k = 0; k < width; ++k) maximum = best[k] > maximum ? best[k] : maximum;
-  for (; j < size; ++j) {
-    T x = in[j];
-    maximum = x > maximum ? x : maximum;
-    logarithm_lanes<true>(x);
-    out[j] = x;
+  std::size_t j = 0;
+#if SPECDEC_VECTOR_MATH_PACKS
+  using pack = pack_t<T, Bytes>;
+  using word = typename float_bits<T>::uint;
+  constexpr word from = SPECDEC_BIT_CAST(word, std::numeric_limits<T>::min());
+  constexpr word room = SPECDEC_BIT_CAST(word, std::numeric_limits<T>::max()) - from;
+  pack best = pack{} - std::numeric_limits<T>::infinity();
+  j = screened_blocks<Bytes>(
+      in, out, size,
+      [&best](const T* block) SPECDEC_LAMBDA_INLINE {
+        return block_in_bits_range<Bytes>(
+            block, from, room,
+            [&best](const pack& x) SPECDEC_LAMBDA_INLINE { best = x > best ? x : best; });
+      },
+      [](auto& x) SPECDEC_LAMBDA_INLINE { logarithm_lanes<true, true>(x); }, full);
+  for (std::size_t k = 0; k < Bytes / sizeof(T); ++k) {
+    maximum = best[k] > maximum ? best[k] : maximum;  // NaN passed over
   }
+#else
+  map_lanes<Bytes>(in, out, size, full);
+#endif
+  for (; j < size; ++j) maximum = in[j] > maximum ? in[j] : maximum;
   return maximum;
 }
 
-template <std::size_t Bytes, class T>
-SPECDEC_KERNEL_INLINE T log2_with_max_body(const T* in, T* out, std::size_t size) noexcept {
+/// exp_lanes (base e) or exp2_lanes (base2) of (x - top) * scale: blocks of finite x whose
+/// exponent lies in [floor + 1, 64] (screened on their order keys: x takes either sign)
+/// without the clamp, flush and NaN selections. shifted_exp (logits) and exp2_shifted (the
+/// log2 values of log2_with_max).
+template <std::size_t Bytes, bool base2, class T, class U>
+SPECDEC_KERNEL_INLINE void shifted_exp_lanes_body(const U* in, T* out, std::size_t size, T top,
+                                                  T scale, plain_range<T> plain) noexcept {
+  const auto full = [top, scale](auto& x) SPECDEC_LAMBDA_INLINE {
+    x = (x - top) * scale;
+    exponential_lanes<base2>(x);
+  };
 #if SPECDEC_VECTOR_MATH_PACKS
-  return log2_with_max_screened<Bytes>(in, out, size);
-#else
-  T maximum = -std::numeric_limits<T>::infinity();
-  for (std::size_t j = 0; j < size; ++j) {
-    T x = in[j];
-    maximum = x > maximum ? x : maximum;
-    logarithm_lanes<true>(x);
-    out[j] = x;
+  if constexpr (std::is_same_v<T, U>) {
+    using word = typename float_bits<T>::uint;
+    const bool any = plain.from <= plain.to;
+    const word from = order_key(plain.from);
+    const word room = any ? static_cast<word>(order_key(plain.to) - from) : word{0};
+    (void)screened_blocks<Bytes>(
+        in, out, size,
+        [any, from, room](const T* block)
+            SPECDEC_LAMBDA_INLINE { return any && block_in_key_range<Bytes>(block, from, room); },
+        [top, scale](auto& x) SPECDEC_LAMBDA_INLINE {
+          x = (x - top) * scale;
+          exponential_lanes<base2, true>(x);
+        },
+        full);
+    return;
   }
-  return maximum;
 #endif
+  static_cast<void>(plain);
+  map_lanes<Bytes>(in, out, size, full);
 }
 
 template <std::size_t Bytes, class T>
 SPECDEC_KERNEL_INLINE void exp2_shifted_body(const T* in, T* out, std::size_t size, T top, T scale,
                                              plain_range<T> plain) noexcept {
-#if SPECDEC_VECTOR_MATH_PACKS
-  shifted_exp_screened<Bytes, true>(in, out, size, top, scale, plain);
-#else
-  static_cast<void>(plain);
-  map_lanes<Bytes>(in, out, size, [top, scale](auto& x) {
-    x = (x - top) * scale;
-    exp2_lanes(x);
-  });
-#endif
+  shifted_exp_lanes_body<Bytes, true>(in, out, size, top, scale, plain);
 }
 
 template <std::size_t Bytes, class T, class U>
 SPECDEC_KERNEL_INLINE void shifted_exp_body(const U* in, T* out, std::size_t size, T top, T scale,
                                             plain_range<T> plain) noexcept {
-#if SPECDEC_VECTOR_MATH_PACKS
-  if constexpr (std::is_same_v<T, U>) {
-    shifted_exp_screened<Bytes, false>(in, out, size, top, scale, plain);
-    return;
-  }
-#endif
-  static_cast<void>(plain);
-  map_lanes<Bytes>(in, out, size, [top, scale](auto& x) SPECDEC_LAMBDA_INLINE {
-    x = (x - top) * scale;
-    exp_lanes(x);
-  });
+  shifted_exp_lanes_body<Bytes, false>(in, out, size, top, scale, plain);
 }
 
 #if SPECDEC_DISPATCH_AVX2
