@@ -197,6 +197,15 @@ TEMPLATE_TEST_CASE("vector_math: special values", "[vector_math]", float, double
   }
 }
 
+/// The portable path and every dispatched path this CPU supports.
+std::vector<specdec::kernel_path> supported_paths() {
+  std::vector<specdec::kernel_path> paths{specdec::kernel_path::portable};
+  for (const auto path : {specdec::kernel_path::avx2, specdec::kernel_path::avx512}) {
+    if (specdec::kernel_path_supported(path)) paths.push_back(path);
+  }
+  return paths;
+}
+
 TEMPLATE_TEST_CASE("vector_math: tempered rows take the plain form only in blocks it fits",
                    "[vector_math]", float, double) {
   // tempered_weights screens each block of tempered_block entries and runs the form without
@@ -211,10 +220,7 @@ TEMPLATE_TEST_CASE("vector_math: tempered rows take the plain form only in block
   // plain block (a wrong bound, or no screen) gives that lane a finite garbage weight.
   using T = TestType;
   specdec::xoshiro256pp g(29);
-  std::vector<specdec::kernel_path> paths{specdec::kernel_path::portable};
-  for (const auto path : {specdec::kernel_path::avx2, specdec::kernel_path::avx512}) {
-    if (specdec::kernel_path_supported(path)) paths.push_back(path);
-  }
+  const std::vector<specdec::kernel_path> paths = supported_paths();
   constexpr std::size_t block = sd::tempered_block;
   for (int trial = 0; trial < 24; ++trial) {
     const std::size_t size = block * (4 + specdec::uniform_below(g, 40)) +
@@ -296,10 +302,7 @@ TEMPLATE_TEST_CASE("vector_math: very low temperatures keep the special-value se
   // the weights in two passes (log2_with_max, then exp2_shifted from the log2 values).
   using T = TestType;
   specdec::xoshiro256pp g(37);
-  std::vector<specdec::kernel_path> paths{specdec::kernel_path::portable};
-  for (const auto path : {specdec::kernel_path::avx2, specdec::kernel_path::avx512}) {
-    if (specdec::kernel_path_supported(path)) paths.push_back(path);
-  }
+  const std::vector<specdec::kernel_path> paths = supported_paths();
   const double floor2 = static_cast<double>(sd::float_bits<T>::exp2_floor);
   const double floor_e = static_cast<double>(sd::float_bits<T>::exp_floor);
   for (const double temperature : {1.02126e-6, 1e-4}) {
@@ -359,10 +362,7 @@ TEMPLATE_TEST_CASE("vector_math: shifted exponentials take the plain form only i
   // screen that let such a lane into a plain block gives it a garbage numerator.
   using T = TestType;
   specdec::xoshiro256pp g(31);
-  std::vector<specdec::kernel_path> paths{specdec::kernel_path::portable};
-  for (const auto path : {specdec::kernel_path::avx2, specdec::kernel_path::avx512}) {
-    if (specdec::kernel_path_supported(path)) paths.push_back(path);
-  }
+  const std::vector<specdec::kernel_path> paths = supported_paths();
   constexpr std::size_t block = sd::tempered_block;
   for (int trial = 0; trial < 20; ++trial) {
     const std::size_t size = block * (4 + specdec::uniform_below(g, 30)) +
@@ -416,10 +416,7 @@ TEMPLATE_TEST_CASE("vector_math: the vector loops equal the scalar code bitwise 
                    "[vector_math]", float, double) {
   using T = TestType;
   specdec::xoshiro256pp g(13);
-  std::vector<specdec::kernel_path> paths{specdec::kernel_path::portable};
-  for (const auto path : {specdec::kernel_path::avx2, specdec::kernel_path::avx512}) {
-    if (specdec::kernel_path_supported(path)) paths.push_back(path);
-  }
+  const std::vector<specdec::kernel_path> paths = supported_paths();
   std::vector<std::size_t> sizes;
   for (std::size_t n = 0; n <= 40; ++n) sizes.push_back(n);
   sizes.push_back(1000);

@@ -737,29 +737,33 @@ inline void tempered_weights(const U* in, T* out, std::size_t size, T log_top, T
   tempered_weights_portable(in, out, size, log_top, scale, plain);
 }
 
-/// out[j] = exp_nonpositive((in[j] - top) * scale) for j < size (`in` may be `out`): the
-/// tempered softmax numerators of logits whose maximum is top.
-template <class T, class U>
-inline void shifted_exp(const U* in, T* out, std::size_t size, T top, T scale) noexcept {
-  // The plain range: logits whose exponent (x - top) * scale lies in [floor + 1, 64], a
-  // whole unit above exp_lanes's floor. Only where x - top cannot overflow (|top| and
-  // |from| under a quarter of the largest T), and where rounding the bound to T moves the
-  // exponent by at most a quarter of that unit (scale * |from| * eps: a very low
-  // temperature on large logits has no plain range); x - top and the product are rounded
-  // relative to the exponent itself, far inside the unit. -inf and NaN logits never lie in
-  // it.
+/// The plain range of (x - top) * scale fed to an exponential whose floor is `floor`
+/// (exp_lanes's or exp2_lanes's): x whose exponent lies in [floor + 1, 64]. Only where
+/// x - top cannot overflow (|top| and |from| under a quarter of the largest T), and where
+/// rounding the bound to T moves the exponent by at most a quarter of the spare unit
+/// (scale * |from| * eps); x - top and the product are rounded relative to the exponent
+/// itself, far inside the unit. -inf and NaN never lie in it.
+template <class T>
+[[nodiscard]] inline plain_range<T> shifted_plain_range(T top, T scale, T floor) noexcept {
   const double t = static_cast<double>(top);
   const double inverse = 1.0 / static_cast<double>(scale);
-  const double low = t + (static_cast<double>(float_bits<T>::exp_floor) + 1.0) * inverse;
+  const double low = t + (static_cast<double>(floor) + 1.0) * inverse;
   const double high = t + 64.0 * inverse;
   constexpr double quarter = static_cast<double>(std::numeric_limits<T>::max()) / 4;
   const double bound_error = static_cast<double>(scale) * std::fabs(low) *
                              static_cast<double>(std::numeric_limits<T>::epsilon());
-  plain_range<T> plain{T(1), T(0)};  // none
-  if (std::fabs(t) <= quarter && low >= -quarter && low <= high && bound_error <= 0.25) {
-    plain.from = static_cast<T>(low);
-    plain.to = static_cast<T>(std::min(high, quarter));
+  if (!(std::fabs(t) <= quarter && low >= -quarter && low <= high && bound_error <= 0.25)) {
+    return {T(1), T(0)};  // none
   }
+  return {static_cast<T>(low), static_cast<T>(std::min(high, quarter))};
+}
+
+/// out[j] = exp_nonpositive((in[j] - top) * scale) for j < size (`in` may be `out`): the
+/// tempered softmax numerators of logits whose maximum is top.
+template <class T, class U>
+inline void shifted_exp(const U* in, T* out, std::size_t size, T top, T scale) noexcept {
+  // (A very low temperature on large logits has no plain range.)
+  const auto plain = shifted_plain_range(top, scale, float_bits<T>::exp_floor);
 #if SPECDEC_DISPATCH_AVX512
   if (use_avx512()) return shifted_exp_avx512(in, out, size, top, scale, plain);
 #endif
@@ -789,22 +793,8 @@ inline T log2_with_max(const T* in, T* out, std::size_t size) noexcept {
 /// the second half of tempered_weights, from the log2 values log2_with_max wrote.
 template <class T>
 inline void exp2_shifted(const T* in, T* out, std::size_t size, T log2_top, T scale) noexcept {
-  // The plain range as shifted_exp's, in base 2: log2 values whose exponent lies in
-  // [floor + 1, 64] (the log2 values are screened themselves, so the logarithm's own
-  // rounding does not enter), where rounding the bound to T moves the exponent by at most
-  // a quarter of the spare unit.
-  const double t = static_cast<double>(log2_top);
-  const double inverse = 1.0 / static_cast<double>(scale);
-  const double low = t + (static_cast<double>(float_bits<T>::exp2_floor) + 1.0) * inverse;
-  const double high = t + 64.0 * inverse;
-  constexpr double quarter = static_cast<double>(std::numeric_limits<T>::max()) / 4;
-  const double bound_error = static_cast<double>(scale) * std::fabs(low) *
-                             static_cast<double>(std::numeric_limits<T>::epsilon());
-  plain_range<T> plain{T(1), T(0)};  // none
-  if (std::fabs(t) <= quarter && low >= -quarter && low <= high && bound_error <= 0.25) {
-    plain.from = static_cast<T>(low);
-    plain.to = static_cast<T>(std::min(high, quarter));
-  }
+  // The log2 values are screened themselves, so the logarithm's own rounding does not enter.
+  const auto plain = shifted_plain_range(log2_top, scale, float_bits<T>::exp2_floor);
 #if SPECDEC_DISPATCH_AVX512
   if (use_avx512()) return exp2_shifted_avx512(in, out, size, log2_top, scale, plain);
 #endif
