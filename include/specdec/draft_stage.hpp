@@ -276,4 +276,26 @@ class DraftStage {
   std::vector<T> scratch_;        // top-k: V entries, apply_sparse's scratch
 };
 
+// draw_identity's fused passes for float and double rows (specdec/kernel_instances.hpp).
+#define SPECDEC_DRAFT_PASS_INSTANCE(prefix, T, in_place, U, screened, with_maximum) \
+  prefix template void detail::build_mass_table_dispatch<                           \
+      detail::row_source<T>,                                                        \
+      DraftStage<T>::identity_pass_hook<in_place, U, screened, with_maximum>>(      \
+      const detail::row_source<T>&, detail::mass_table&,                            \
+      DraftStage<T>::identity_pass_hook<in_place, U, screened, with_maximum>&) noexcept;
+#define SPECDEC_DRAFT_PASS_COPY_INSTANCES(prefix, T, U)          \
+  SPECDEC_DRAFT_PASS_INSTANCE(prefix, T, false, U, false, false) \
+  SPECDEC_DRAFT_PASS_INSTANCE(prefix, T, false, U, false, true)  \
+  SPECDEC_DRAFT_PASS_INSTANCE(prefix, T, false, U, true, false)  \
+  SPECDEC_DRAFT_PASS_INSTANCE(prefix, T, false, U, true, true)
+#define SPECDEC_DRAFT_PASS_INSTANCES_OF(prefix, T)             \
+  SPECDEC_DRAFT_PASS_COPY_INSTANCES(prefix, T, float)          \
+  SPECDEC_DRAFT_PASS_COPY_INSTANCES(prefix, T, double)         \
+  SPECDEC_DRAFT_PASS_INSTANCE(prefix, T, true, T, false, true) \
+  SPECDEC_DRAFT_PASS_INSTANCE(prefix, T, true, T, true, false) \
+  SPECDEC_DRAFT_PASS_INSTANCE(prefix, T, true, T, true, true)
+#define SPECDEC_DRAFT_STAGE_INSTANCES(prefix) \
+  SPECDEC_FOR_ROW_TYPES(SPECDEC_DRAFT_PASS_INSTANCES_OF, prefix)
+SPECDEC_DECLARE_KERNEL_INSTANCES(SPECDEC_DRAFT_STAGE_INSTANCES)
+
 }  // namespace specdec

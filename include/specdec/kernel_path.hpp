@@ -71,6 +71,22 @@
 #define SPECDEC_KERNELS_END
 #endif
 
+// Compiling the kernels once (specdec/kernel_instances.hpp): every kernel header lists its
+// dispatchers' instances for float and double rows in a macro taking the word that goes
+// before `template` (`extern` for a declaration, nothing for a definition). Where
+// SPECDEC_EXTERN_KERNELS is 1 the headers declare them extern, so that the translation
+// unit compiles none of them.
+#if defined(SPECDEC_EXTERN_KERNELS) && SPECDEC_EXTERN_KERNELS
+#define SPECDEC_DECLARE_KERNEL_INSTANCES(list) list(extern)
+#else
+#define SPECDEC_DECLARE_KERNEL_INSTANCES(list)
+#endif
+/// `m(prefix, T)` for both row types, and `m(prefix, T, U)` for the four pairs of them.
+#define SPECDEC_FOR_ROW_TYPES(m, prefix) m(prefix, float) m(prefix, double)
+#define SPECDEC_FOR_ROW_TYPE_PAIRS(m, prefix)                               \
+  m(prefix, float, float) m(prefix, float, double) m(prefix, double, float) \
+      m(prefix, double, double)
+
 #if defined(__GNUC__) || defined(__clang__)
 /// Inlined into its caller whatever the caller's instruction set (a kernel body).
 #define SPECDEC_KERNEL_INLINE [[gnu::always_inline]] inline

@@ -1,5 +1,6 @@
 // A downstream program that uses specdec the way an engine would: include the umbrella
-// header, define a model, draw tokens with the library's generator.
+// header, define a model, draw tokens with the library's generator and decode with tempered
+// rows (the row kernels: compiled here, or once in specdec::kernels for consumer_kernels).
 #include <cstdio>
 #include <span>
 #include <vector>
@@ -23,6 +24,14 @@ static_assert(specdec::LanguageModel<UniformModel>);
 int main() {
   specdec::xoshiro256pp g(1);
   const auto index = specdec::uniform_below(g, UniformModel{}.vocab_size());
-  std::printf("specdec consumer: drew token %llu\n", static_cast<unsigned long long>(index));
-  return index < 4 ? 0 : 1;
+  UniformModel target;
+  UniformModel draft;
+  specdec::DecoderOptions options;
+  options.sampling.temperature = 0.8;
+  specdec::SpeculativeDecoder decoder(target, draft, options);
+  const std::vector<specdec::token_id> prompt{1, 2};
+  const auto result = decoder.generate(prompt, 16, 7);
+  std::printf("specdec consumer: drew token %llu, decoded %zu tokens\n",
+              static_cast<unsigned long long>(index), result.tokens.size());
+  return index < 4 && result.tokens.size() == 16 ? 0 : 1;
 }

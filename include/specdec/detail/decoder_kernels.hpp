@@ -78,8 +78,8 @@ template <class T>
 
 /// plausible_probability_row_body on the active kernel path (the same verdict on every path).
 template <class T>
-[[nodiscard]] inline bool plausible_probability_row(const T* row, std::size_t size,
-                                                    double tolerance) noexcept {
+[[nodiscard]] bool plausible_probability_row(const T* row, std::size_t size,
+                                             double tolerance) noexcept {
 #if SPECDEC_DISPATCH_AVX2
   if (use_avx2_build()) return plausible_probability_row_avx2(row, size, tolerance);
 #endif
@@ -145,8 +145,8 @@ template <bool Screen, class T>
 
 /// overlap_mass_body on the active kernel path (the same sums on every path).
 template <bool Screen, class T>
-[[nodiscard]] inline double overlap_mass(const T* target, const T* draft, T factor,
-                                         std::size_t size, row_screen<T>& screen) noexcept {
+[[nodiscard]] double overlap_mass(const T* target, const T* draft, T factor, std::size_t size,
+                                  row_screen<T>& screen) noexcept {
 #if SPECDEC_DISPATCH_AVX2
   if (use_avx2_build()) return overlap_mass_avx2<Screen>(target, draft, factor, size, screen);
 #endif
@@ -154,5 +154,16 @@ template <bool Screen, class T>
 }
 
 SPECDEC_KERNELS_END
+
+// The dispatchers' instances for float and double rows (specdec/kernel_instances.hpp).
+#define SPECDEC_DECODER_KERNEL_INSTANCES_OF(prefix, T)                                       \
+  prefix template bool plausible_probability_row<T>(const T*, std::size_t, double) noexcept; \
+  prefix template double overlap_mass<true, T>(const T*, const T*, T, std::size_t,           \
+                                               row_screen<T>&) noexcept;                     \
+  prefix template double overlap_mass<false, T>(const T*, const T*, T, std::size_t,          \
+                                                row_screen<T>&) noexcept;
+#define SPECDEC_DECODER_KERNEL_INSTANCES(prefix) \
+  SPECDEC_FOR_ROW_TYPES(SPECDEC_DECODER_KERNEL_INSTANCES_OF, prefix)
+SPECDEC_DECLARE_KERNEL_INSTANCES(SPECDEC_DECODER_KERNEL_INSTANCES)
 
 }  // namespace specdec::detail

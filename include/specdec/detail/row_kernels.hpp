@@ -351,10 +351,10 @@ SPECDEC_PORTABLE_KERNEL inline void build_mass_table_portable(const Source& sour
 /// they read (row_screen_hook, the draft stage's pass hook): a lambda local to a function
 /// template would compile the pass again for every instantiation of that function.
 template <class Source, class BeforeBlock>
-inline void build_mass_table(const Source& source, mass_table& table,
-                             BeforeBlock&& before_block) noexcept {
+void build_mass_table_dispatch(const Source& source, mass_table& table,
+                               BeforeBlock& before_block) noexcept {
 #if SPECDEC_DISPATCH_AVX512
-  if constexpr (std::is_same_v<std::remove_cvref_t<BeforeBlock>, no_block_hook>) {
+  if constexpr (std::is_same_v<std::remove_cv_t<BeforeBlock>, no_block_hook>) {
     if (use_avx512()) return build_mass_table_avx512(source, table);
   }
 #endif
@@ -362,6 +362,12 @@ inline void build_mass_table(const Source& source, mass_table& table,
   if (use_avx2_build()) return build_mass_table_avx2(source, table, before_block);
 #endif
   build_mass_table_portable(source, table, before_block);
+}
+
+template <class Source, class BeforeBlock>
+inline void build_mass_table(const Source& source, mass_table& table,
+                             BeforeBlock&& before_block) noexcept {
+  build_mass_table_dispatch(source, table, before_block);
 }
 
 template <class Source>
@@ -543,7 +549,7 @@ template <bool Screen, class T>
 /// span_max_body on the active kernel path (kernel_path.hpp): the same maximum and the same
 /// screen verdict on every path (a maximum is exact whatever the lane count).
 template <bool Screen, class T>
-[[nodiscard]] inline T span_max(const T* first, std::size_t count, bool& valid) noexcept {
+[[nodiscard]] T span_max(const T* first, std::size_t count, bool& valid) noexcept {
 #if SPECDEC_DISPATCH_AVX512
   if (use_avx512()) return span_max_avx512<Screen>(first, count, valid);
 #endif
@@ -613,5 +619,25 @@ template <class T>
 }
 
 SPECDEC_KERNELS_END
+
+// The dispatchers' instances for float and double rows (specdec/kernel_instances.hpp): the
+// mass tables of the library's sources with hook Hook, and the maximum scans.
+#define SPECDEC_MASS_TABLE_INSTANCE(prefix, Source, Hook)                                  \
+  prefix template void build_mass_table_dispatch<Source, Hook>(const Source&, mass_table&, \
+                                                               Hook&) noexcept;
+#define SPECDEC_MASS_TABLE_INSTANCES(prefix, Hook, T)                           \
+  SPECDEC_MASS_TABLE_INSTANCE(prefix, row_source<T>, Hook)                      \
+  SPECDEC_MASS_TABLE_INSTANCE(prefix, difference_source<T>, Hook)               \
+  SPECDEC_MASS_TABLE_INSTANCE(prefix, lenient_difference_source<T>, Hook)       \
+  SPECDEC_MASS_TABLE_INSTANCE(prefix, scaled_target_difference_source<T>, Hook) \
+  SPECDEC_MASS_TABLE_INSTANCE(prefix, scaled_difference_source<T>, Hook)        \
+  SPECDEC_MASS_TABLE_INSTANCE(prefix, replaced_entry_source<T>, Hook)
+#define SPECDEC_ROW_KERNEL_INSTANCES_OF(prefix, T)                            \
+  SPECDEC_MASS_TABLE_INSTANCES(prefix, no_block_hook, T)                      \
+  prefix template T span_max<true, T>(const T*, std::size_t, bool&) noexcept; \
+  prefix template T span_max<false, T>(const T*, std::size_t, bool&) noexcept;
+#define SPECDEC_ROW_KERNEL_INSTANCES(prefix) \
+  SPECDEC_FOR_ROW_TYPES(SPECDEC_ROW_KERNEL_INSTANCES_OF, prefix)
+SPECDEC_DECLARE_KERNEL_INSTANCES(SPECDEC_ROW_KERNEL_INSTANCES)
 
 }  // namespace specdec::detail

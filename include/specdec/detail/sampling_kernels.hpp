@@ -280,8 +280,7 @@ SPECDEC_PORTABLE_KERNEL inline T block_maxima_portable(const T* key, std::size_t
 /// block_maxima_body on the active kernel path (the same maxima and, with a screen, the
 /// same screened sums on every path).
 template <bool Screen, class T>
-inline T block_maxima(const T* key, std::size_t size, double* block_max,
-                      row_screen<T>* screen) noexcept {
+T block_maxima(const T* key, std::size_t size, double* block_max, row_screen<T>* screen) noexcept {
 #if SPECDEC_DISPATCH_AVX512
   if (use_avx512()) return block_maxima_avx512<Screen>(key, size, block_max, screen);
 #endif
@@ -500,8 +499,8 @@ SPECDEC_PORTABLE_KERNEL inline void nucleus_keep_portable(const U* key, const T*
 
 /// The three passes on the active kernel path (the same results on every path).
 template <class T>
-inline void nucleus_histogram(const T* weights, std::size_t size, std::int32_t top_code,
-                              double* mass, std::uint16_t* codes) noexcept {
+void nucleus_histogram(const T* weights, std::size_t size, std::int32_t top_code, double* mass,
+                       std::uint16_t* codes) noexcept {
 #if SPECDEC_DISPATCH_AVX2
   if (use_avx2_build()) return nucleus_histogram_avx2(weights, size, top_code, mass, codes);
 #endif
@@ -515,8 +514,8 @@ inline void nucleus_collect(const std::uint16_t* codes, std::size_t size, std::u
   nucleus_collect_portable(codes, size, wanted, ids);
 }
 template <class U, class T>
-inline void nucleus_keep(const U* key, const T* weights, T* out, std::size_t size, U last_key,
-                         std::size_t last, T scale) noexcept {
+void nucleus_keep(const U* key, const T* weights, T* out, std::size_t size, U last_key,
+                  std::size_t last, T scale) noexcept {
 #if SPECDEC_DISPATCH_AVX2
   if (use_avx2_build()) return nucleus_keep_avx2(key, weights, out, size, last_key, last, scale);
 #endif
@@ -1143,9 +1142,8 @@ SPECDEC_TARGET_AVX512 inline screened_band_found<float> nucleus_screened_band_av
 
 /// nucleus_band on the active kernel path (the same results on every path).
 template <class U, class T>
-[[nodiscard]] inline nucleus_band_found nucleus_band(const U* key, const T* weights,
-                                                     std::size_t size, U high, U low,
-                                                     std::uint32_t* band) noexcept {
+[[nodiscard]] nucleus_band_found nucleus_band(const U* key, const T* weights, std::size_t size,
+                                              U high, U low, std::uint32_t* band) noexcept {
   if constexpr (std::is_same_v<U, float> && std::is_same_v<T, float>) {
     const bool same = static_cast<const void*>(key) == static_cast<const void*>(weights);
 #if SPECDEC_DISPATCH_AVX512
@@ -1168,7 +1166,7 @@ template <class U, class T>
 /// max_and_total of a row on the active kernel path: float rows in one pass, others in two
 /// (span_max, then nucleus_total); the same maximum and bitwise the same total either way.
 template <class T>
-[[nodiscard]] inline max_and_total<T> nucleus_max_total(const T* row, std::size_t size) noexcept {
+[[nodiscard]] max_and_total<T> nucleus_max_total(const T* row, std::size_t size) noexcept {
   if constexpr (std::is_same_v<T, float>) {
 #if SPECDEC_DISPATCH_AVX512
     if (use_avx512()) return nucleus_max_total_avx512(row, size);
@@ -1190,7 +1188,7 @@ template <class T>
 /// T = 0.7 top-p row at 128k, AVX-512) and nucleus_max_total's pass on the portable one,
 /// other rows the portable loops; bitwise the same sum everywhere.
 template <class T>
-[[nodiscard]] inline double nucleus_total(const T* weights, std::size_t size) noexcept {
+[[nodiscard]] double nucleus_total(const T* weights, std::size_t size) noexcept {
   if constexpr (std::is_same_v<T, float>) {
 #if SPECDEC_DISPATCH_AVX512
     if (use_avx512()) return nucleus_total_avx512(weights, size);
@@ -1207,9 +1205,8 @@ template <class T>
 /// screened_band_found of a row of probabilities on the active kernel path: bitwise the
 /// same on every path. `band` has room for every entry of the row and nucleus_band_slack more.
 template <class T>
-[[nodiscard]] inline screened_band_found<T> nucleus_screened_band(const T* row, std::size_t size,
-                                                                  T high, T low,
-                                                                  std::uint32_t* band) noexcept {
+[[nodiscard]] screened_band_found<T> nucleus_screened_band(const T* row, std::size_t size, T high,
+                                                           T low, std::uint32_t* band) noexcept {
   if constexpr (std::is_same_v<T, float>) {
 #if SPECDEC_DISPATCH_AVX512
     if (use_avx512()) return nucleus_screened_band_avx512(row, size, high, low, band);
@@ -1246,5 +1243,28 @@ struct more_probable_first {
 };
 
 SPECDEC_KERNELS_END
+
+// The dispatchers' instances for float and double rows (specdec/kernel_instances.hpp).
+#define SPECDEC_SAMPLING_PAIR_INSTANCES(prefix, U, T)                                          \
+  prefix template void nucleus_keep<U, T>(const U*, const T*, T*, std::size_t, U, std::size_t, \
+                                          T) noexcept;                                         \
+  prefix template nucleus_band_found nucleus_band<U, T>(const U*, const T*, std::size_t, U, U, \
+                                                        std::uint32_t*) noexcept;
+#define SPECDEC_SAMPLING_ROW_INSTANCES(prefix, T)                                              \
+  prefix template T block_maxima<true, T>(const T*, std::size_t, double*,                      \
+                                          row_screen<T>*) noexcept;                            \
+  prefix template T block_maxima<false, T>(const T*, std::size_t, double*,                     \
+                                           row_screen<T>*) noexcept;                           \
+  prefix template void nucleus_histogram<T>(const T*, std::size_t, std::int32_t, double*,      \
+                                            std::uint16_t*) noexcept;                          \
+  prefix template max_and_total<T> nucleus_max_total<T>(const T*, std::size_t) noexcept;       \
+  prefix template double nucleus_total<T>(const T*, std::size_t) noexcept;                     \
+  prefix template screened_band_found<T> nucleus_screened_band<T>(const T*, std::size_t, T, T, \
+                                                                  std::uint32_t*) noexcept;    \
+  SPECDEC_MASS_TABLE_INSTANCES(prefix, row_screen_hook<T>, T)
+#define SPECDEC_SAMPLING_INSTANCES(prefix)                            \
+  SPECDEC_FOR_ROW_TYPE_PAIRS(SPECDEC_SAMPLING_PAIR_INSTANCES, prefix) \
+  SPECDEC_FOR_ROW_TYPES(SPECDEC_SAMPLING_ROW_INSTANCES, prefix)
+SPECDEC_DECLARE_KERNEL_INSTANCES(SPECDEC_SAMPLING_INSTANCES)
 
 }  // namespace specdec::detail

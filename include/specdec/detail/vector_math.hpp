@@ -703,7 +703,7 @@ SPECDEC_PORTABLE_KERNEL inline void shifted_exp_portable(const U* in, T* out, st
 
 /// out[j] = tempered_weight(in[j], log2_top, scale) for j < size (`in` may be `out`).
 template <class T, class U>
-inline void tempered_weights(const U* in, T* out, std::size_t size, T log_top, T scale) noexcept {
+void tempered_weights(const U* in, T* out, std::size_t size, T log_top, T scale) noexcept {
   // The plain range: x whose exponent (log2(x) - log2_top) * scale lies in [floor + 1, 64]
   // (exp2_lanes's floor; 2^64 p stays far from overflowing), from the smallest normal
   // number on. A whole unit of exponent spare at the bottom (and the top far above any
@@ -761,7 +761,7 @@ template <class T>
 /// out[j] = exp_nonpositive((in[j] - top) * scale) for j < size (`in` may be `out`): the
 /// tempered softmax numerators of logits whose maximum is top.
 template <class T, class U>
-inline void shifted_exp(const U* in, T* out, std::size_t size, T top, T scale) noexcept {
+void shifted_exp(const U* in, T* out, std::size_t size, T top, T scale) noexcept {
   // (A very low temperature on large logits has no plain range.)
   const auto plain = shifted_plain_range(top, scale, float_bits<T>::exp_floor);
 #if SPECDEC_DISPATCH_AVX512
@@ -779,7 +779,7 @@ inline void shifted_exp(const U* in, T* out, std::size_t size, T top, T scale) n
 /// exp2_shifted(out, out, size, log2_positive(maximum), scale) then writes bitwise
 /// tempered_weights(in, out, size, log2_positive(maximum), scale).
 template <class T>
-inline T log2_with_max(const T* in, T* out, std::size_t size) noexcept {
+T log2_with_max(const T* in, T* out, std::size_t size) noexcept {
 #if SPECDEC_DISPATCH_AVX512
   if (use_avx512()) return log2_with_max_avx512(in, out, size);
 #endif
@@ -792,7 +792,7 @@ inline T log2_with_max(const T* in, T* out, std::size_t size) noexcept {
 /// out[j] = exp2_nonpositive((in[j] - log2_top) * scale) for j < size (`in` may be `out`):
 /// the second half of tempered_weights, from the log2 values log2_with_max wrote.
 template <class T>
-inline void exp2_shifted(const T* in, T* out, std::size_t size, T log2_top, T scale) noexcept {
+void exp2_shifted(const T* in, T* out, std::size_t size, T log2_top, T scale) noexcept {
   // The log2 values are screened themselves, so the logarithm's own rounding does not enter.
   const auto plain = shifted_plain_range(log2_top, scale, float_bits<T>::exp2_floor);
 #if SPECDEC_DISPATCH_AVX512
@@ -805,6 +805,18 @@ inline void exp2_shifted(const T* in, T* out, std::size_t size, T log2_top, T sc
 }
 
 SPECDEC_KERNELS_END
+
+// The dispatchers' instances for float and double rows (specdec/kernel_instances.hpp).
+#define SPECDEC_VECTOR_MATH_PAIR_INSTANCES(prefix, T, U)                                 \
+  prefix template void tempered_weights<T, U>(const U*, T*, std::size_t, T, T) noexcept; \
+  prefix template void shifted_exp<T, U>(const U*, T*, std::size_t, T, T) noexcept;
+#define SPECDEC_VECTOR_MATH_ROW_INSTANCES(prefix, T)                      \
+  prefix template T log2_with_max<T>(const T*, T*, std::size_t) noexcept; \
+  prefix template void exp2_shifted<T>(const T*, T*, std::size_t, T, T) noexcept;
+#define SPECDEC_VECTOR_MATH_INSTANCES(prefix)                            \
+  SPECDEC_FOR_ROW_TYPE_PAIRS(SPECDEC_VECTOR_MATH_PAIR_INSTANCES, prefix) \
+  SPECDEC_FOR_ROW_TYPES(SPECDEC_VECTOR_MATH_ROW_INSTANCES, prefix)
+SPECDEC_DECLARE_KERNEL_INSTANCES(SPECDEC_VECTOR_MATH_INSTANCES)
 
 }  // namespace specdec::detail
 
