@@ -93,9 +93,10 @@ if [ "${SPECDEC_SKIP_CONSUMERS:-0}" != 1 ]; then
   cmake -S . -B "$work/lib" -G Ninja -DCMAKE_BUILD_TYPE=Release -DSPECDEC_BUILD_TESTS=OFF \
     -DSPECDEC_BUILD_BENCHMARKS=OFF -DSPECDEC_BUILD_EXAMPLES=OFF >/dev/null &&
     cmake --install "$work/lib" --prefix "$root/$work/prefix" >/dev/null || ok=0
+  # The consumers build unoptimised: they check the packaging and the linking, not speed.
   for kind in find_package add_subdirectory; do
     [ "$ok" = 1 ] || break
-    if cmake -S "tests/consumer/$kind" -B "$work/$kind" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    if cmake -S "tests/consumer/$kind" -B "$work/$kind" -G Ninja -DCMAKE_BUILD_TYPE=Debug \
       -DCMAKE_PREFIX_PATH="$root/$work/prefix" -DSPECDEC_SOURCE_DIR="$root" &&
       cmake --build "$work/$kind" -j "$jobs" && "$work/$kind/consumer" &&
       { [ ! -x "$work/$kind/consumer_kernels" ] || "$work/$kind/consumer_kernels"; }; then
