@@ -84,6 +84,18 @@ for config in $configs; do
   fi
 done
 
+# The consumer linked with specdec::kernels runs, and its unit compiles no row kernel of its
+# own (SPECDEC_EXTERN_KERNELS at work) where the header-only consumer's compiles them.
+consumer_kernels_check() {  # consumer_kernels_check <build dir>
+  local pattern='specdec::detail::[a-z0-9_]+_(avx2|portable)<' own shared
+  "$1/consumer_kernels" || return 1
+  own=$(nm -C --defined-only "$(find "$1/CMakeFiles/consumer.dir" -name '*.o')" | grep -cE "$pattern")
+  shared=$(nm -C --defined-only "$(find "$1/CMakeFiles/consumer_kernels.dir" -name '*.o')" |
+    grep -cE "$pattern")
+  echo "row kernels compiled in the consumer's unit: $own header-only, $shared with specdec::kernels"
+  [ "$own" -gt 0 ] && [ "$shared" -eq 0 ]
+}
+
 if [ "${SPECDEC_SKIP_CONSUMERS:-0}" != 1 ]; then
   stage "consumers: find_package after install, and add_subdirectory"
   t0=$(date +%s)
@@ -99,7 +111,7 @@ if [ "${SPECDEC_SKIP_CONSUMERS:-0}" != 1 ]; then
     if cmake -S "tests/consumer/$kind" -B "$work/$kind" -G Ninja -DCMAKE_BUILD_TYPE=Debug \
       -DCMAKE_PREFIX_PATH="$root/$work/prefix" -DSPECDEC_SOURCE_DIR="$root" &&
       cmake --build "$work/$kind" -j "$jobs" && "$work/$kind/consumer" &&
-      { [ ! -x "$work/$kind/consumer_kernels" ] || "$work/$kind/consumer_kernels"; }; then
+      { [ "$kind" != add_subdirectory ] || consumer_kernels_check "$work/$kind"; }; then
       echo "consumer via $kind: ok"
     else
       ok=0
