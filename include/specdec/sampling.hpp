@@ -161,6 +161,7 @@ class Standardizer {
       codes_.reserve(vocab_size);
       if (vocab_size >= nucleus_sampled_from) {
         band_.reserve(vocab_size + detail::nucleus_band_slack);
+        sample_.reserve(2 * (2 * nucleus_sample + 1));
       }
     }
     if (sparse_for(vocab_size)) {
@@ -843,9 +844,19 @@ class Standardizer {
     double* const sampled = histogram_.data();
     double* const squared = sampled + buckets;
     const std::size_t stride = size / nucleus_sample;
-    for (std::size_t j = stride / 2; j < size; j += stride) {
-      const U value = key[j];
-      const auto weight = static_cast<double>(weights[j]);
+    // The sampled entries are read first, into sample_ (key, weight), with no other work
+    // between the reads: each may miss the caches, and independent reads overlap (bucketing
+    // each entry as it arrives made every read wait for the histogram's previous update).
+    const std::size_t count = (size - stride / 2 + stride - 1) / stride;
+    sample_.resize(2 * count);
+    double* const gathered = sample_.data();
+    for (std::size_t i = 0, j = stride / 2; i < count; ++i, j += stride) {
+      gathered[2 * i] = static_cast<double>(key[j]);
+      gathered[2 * i + 1] = static_cast<double>(weights[j]);
+    }
+    for (std::size_t i = 0; i < count; ++i) {
+      const auto value = static_cast<U>(gathered[2 * i]);
+      const double weight = gathered[2 * i + 1];
       if (!(value > U(0) && weight > 0.0)) continue;
       const std::int64_t offset = std::clamp<std::int64_t>(top_code - detail::magnitude_code(value),
                                                            0, std::int64_t{buckets - 1});
@@ -986,6 +997,7 @@ class Standardizer {
   std::vector<std::uint16_t> codes_;      // find_nucleus: the bucket of every entry
   std::size_t nucleus_fallbacks_ = 0;     // rows find_nucleus_sampled did not place
   std::vector<std::uint32_t> band_;       // find_nucleus_sampled: the band's ids
+  std::vector<double> sample_;            // sampled_band: the sampled keys and weights
 };
 
 /// Convenience: the standardized copy of one row (allocates; use a Standardizer in loops).
