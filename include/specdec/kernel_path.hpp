@@ -20,6 +20,8 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
+#include <cstdint>
 #include <string_view>
 
 #include "specdec/error.hpp"
@@ -184,6 +186,29 @@ inline std::atomic<unsigned char> forced_kernel_path{0};
   return dispatched_path() == kernel_path::avx512;
 #else
   return false;
+#endif
+}
+
+/// How far ahead of a streaming pass prefetch_ahead asks for the row: 4 KiB, 64 cache lines.
+inline constexpr std::uintptr_t prefetch_distance = 4096;
+
+/// Asks for the cache line prefetch_distance bytes after entry `index` of `row` (`for_write`:
+/// the pass will store there). The passes that do more work per entry than a plain read
+/// (top-p's band and writing passes, the screens that sum, the tempered weights) issued
+/// their reads too slowly for the hardware prefetcher to keep the row ahead of them; the
+/// lighter passes at T = 1 measured no faster with it and do without (docs/performance.md,
+/// "Passes that ask for their rows ahead"). A hint only: it changes no result and never
+/// faults, also past a row's end, where the address is formed as an integer, never as a
+/// pointer into or past the row.
+template <bool for_write = false, class T>
+SPECDEC_KERNEL_INLINE void prefetch_ahead(const T* row, std::size_t index) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+  const std::uintptr_t ahead =
+      reinterpret_cast<std::uintptr_t>(row) + index * sizeof(T) + prefetch_distance;
+  __builtin_prefetch(reinterpret_cast<const void*>(ahead), for_write ? 1 : 0, 3);
+#else
+  static_cast<void>(row);
+  static_cast<void>(index);
 #endif
 }
 

@@ -420,19 +420,29 @@ SPECDEC_KERNEL_INLINE void nucleus_keep_range(const U* key, const T* weights, T*
   if constexpr (std::is_same_v<U, T>) {
     using pack = pack_t<T, Bytes>;
     constexpr std::size_t width = Bytes / sizeof(T);
-    for (; j + width <= last; j += width) {
+    const auto keep_pack = [&](std::size_t at) SPECDEC_LAMBDA_INLINE {
       pack k;
       pack w;
-      std::memcpy(&k, key + j, sizeof k);
-      std::memcpy(&w, weights + j, sizeof w);
+      std::memcpy(&k, key + at, sizeof k);
+      std::memcpy(&w, weights + at, sizeof w);
       w *= scale;
       if constexpr (Inclusive) {
         w = k >= bound ? w : pack{};
       } else {
         w = k > bound ? w : pack{};
       }
-      std::memcpy(out + j, &w, sizeof w);
+      std::memcpy(out + at, &w, sizeof w);
+    };
+    // A cache line of entries at a time, asking for the keys and the output ahead (the
+    // weights are the keys or the output on the library's paths).
+    constexpr std::size_t line = 64 / sizeof(T);
+    static_assert(line % width == 0);
+    for (; j + line <= last; j += line) {
+      prefetch_ahead(key, j);
+      prefetch_ahead<true>(out, j);
+      for (std::size_t h = 0; h < line; h += width) keep_pack(j + h);
     }
+    for (; j + width <= last; j += width) keep_pack(j);
   }
 #endif
   for (; j < last; ++j) {
@@ -599,6 +609,8 @@ SPECDEC_PORTABLE_KERNEL nucleus_band_found nucleus_band_sse2(const float* key, c
   std::size_t count = 0;
   std::size_t j = 0;
   for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
+    prefetch_ahead(key, j);
+    if constexpr (!KeyIsWeight) prefetch_ahead(weights, j);
     std::uint32_t in_band = 0;
     for (std::size_t h = 0; h < packs / 2; ++h) {
       const __m128 k = _mm_loadu_ps(key + j + 4 * h);
@@ -695,6 +707,8 @@ SPECDEC_TARGET_AVX2 nucleus_band_found nucleus_band_avx2(const float* key, const
   std::size_t count = 0;
   std::size_t j = 0;
   for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
+    prefetch_ahead(key, j);
+    if constexpr (!KeyIsWeight) prefetch_ahead(weights, j);
     for (std::size_t h = 0; h < packs / 2; ++h) {
       const __m256 k = _mm256_loadu_ps(key + j + 8 * h);
       const __m256 w = KeyIsWeight ? k : _mm256_loadu_ps(weights + j + 8 * h);
@@ -736,6 +750,8 @@ SPECDEC_TARGET_AVX512 nucleus_band_found nucleus_band_avx512(const float* key, c
   std::size_t count = 0;
   std::size_t j = 0;
   for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
+    prefetch_ahead(key, j);
+    if constexpr (!KeyIsWeight) prefetch_ahead(weights, j);
     for (std::size_t h = 0; h < packs / 2; ++h) {
       const __m512 k = _mm512_loadu_ps(key + j + 16 * h);
       const float* const from = (KeyIsWeight ? key : weights) + j + 16 * h;
@@ -802,6 +818,7 @@ SPECDEC_PORTABLE_KERNEL inline max_and_total<float> nucleus_max_total_sse2(
   const __m128 zero = _mm_setzero_ps();
   std::size_t j = 0;
   for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
+    prefetch_ahead(row, j);
     for (std::size_t h = 0; h < packs / 2; ++h) {
       const __m128 w = _mm_loadu_ps(row + j + 4 * h);
       best = _mm_max_ps(w, best);                    // a NaN lane of w keeps best
@@ -830,6 +847,7 @@ SPECDEC_TARGET_AVX2 inline max_and_total<float> nucleus_max_total_avx2(const flo
   const __m256 zero = _mm256_setzero_ps();
   std::size_t j = 0;
   for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
+    prefetch_ahead(row, j);
     for (std::size_t h = 0; h < packs / 2; ++h) {
       const __m256 w = _mm256_loadu_ps(row + j + 8 * h);
       best = _mm256_max_ps(w, best);                                 // a NaN lane keeps best
@@ -859,6 +877,7 @@ SPECDEC_TARGET_AVX512 inline max_and_total<float> nucleus_max_total_avx512(
   const __m512 zero = _mm512_setzero_ps();
   std::size_t j = 0;
   for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
+    prefetch_ahead(row, j);
     for (std::size_t h = 0; h < packs / 2; ++h) {
       const float* const from = row + j + 16 * h;
       const __m512 w = _mm512_loadu_ps(from);
@@ -891,6 +910,7 @@ SPECDEC_TARGET_AVX2 inline double nucleus_total_avx2(const float* row, std::size
   const __m256 zero = _mm256_setzero_ps();
   std::size_t j = 0;
   for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
+    prefetch_ahead(row, j);
     for (std::size_t h = 0; h < packs / 2; ++h) {
       const __m256 w = _mm256_loadu_ps(row + j + 8 * h);
       const __m256 kept = _mm256_and_ps(w, _mm256_cmp_ps(w, zero, _CMP_GT_OQ));
@@ -917,6 +937,7 @@ SPECDEC_TARGET_AVX512 inline double nucleus_total_avx512(const float* row,
   const __m512 zero = _mm512_setzero_ps();
   std::size_t j = 0;
   for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
+    prefetch_ahead(row, j);
     for (std::size_t h = 0; h < packs / 2; ++h) {
       const float* const from = row + j + 16 * h;
       const __mmask16 kept = _mm512_cmp_ps_mask(_mm512_loadu_ps(from), zero, _CMP_GT_OQ);
@@ -995,6 +1016,7 @@ SPECDEC_PORTABLE_KERNEL inline screened_band_found<float> nucleus_screened_band_
   std::size_t count = 0;
   std::size_t j = 0;
   for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
+    prefetch_ahead(row, j);
     std::uint32_t in_band = 0;
     for (std::size_t h = 0; h < packs / 2; ++h) {
       const __m128 w = _mm_loadu_ps(row + j + 4 * h);
@@ -1044,6 +1066,7 @@ SPECDEC_TARGET_AVX2 inline screened_band_found<float> nucleus_screened_band_avx2
   std::size_t count = 0;
   std::size_t j = 0;
   for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
+    prefetch_ahead(row, j);
     for (std::size_t h = 0; h < packs / 2; ++h) {
       const __m256 w = _mm256_loadu_ps(row + j + 8 * h);
       best = _mm256_max_ps(w, best);
@@ -1099,6 +1122,7 @@ SPECDEC_TARGET_AVX512 inline screened_band_found<float> nucleus_screened_band_av
   std::size_t count = 0;
   std::size_t j = 0;
   for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
+    prefetch_ahead(row, j);
     for (std::size_t h = 0; h < packs / 2; ++h) {
       const float* const from = row + j + 16 * h;
       const __m512 w = _mm512_loadu_ps(from);

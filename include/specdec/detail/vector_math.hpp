@@ -435,6 +435,11 @@ SPECDEC_KERNEL_INLINE std::size_t screened_blocks(const T* in, T* out, std::size
   static_assert(tempered_block % (2 * width) == 0);
   std::size_t j = 0;
   for (; j + tempered_block <= size; j += tempered_block) {
+    // The block prefetch_distance ahead asked for, line by line (kernel_path.hpp).
+    for (std::size_t h = j; h < j + tempered_block; h += 64 / sizeof(T)) {
+      prefetch_ahead(in, h);
+      prefetch_ahead<true>(out, h);
+    }
     if (fits(in + j)) {
       for (std::size_t h = j; h < j + tempered_block; h += 2 * width) {
         pack x;
