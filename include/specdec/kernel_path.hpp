@@ -192,6 +192,22 @@ inline std::atomic<unsigned char> forced_kernel_path{0};
 /// How far ahead of a streaming pass prefetch_ahead asks for the row: 4 KiB, 64 cache lines.
 inline constexpr std::uintptr_t prefetch_distance = 4096;
 
+/// Asks for the cache line `offset` bytes after entry `index` of `row` (a hint, as
+/// prefetch_ahead; offset 0: the entry's own line, for scattered reads whose positions are
+/// known ahead, such as top-p's sample).
+template <bool for_write = false, class T>
+SPECDEC_KERNEL_INLINE void prefetch_entry(const T* row, std::size_t index,
+                                          std::uintptr_t offset = 0) noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+  const std::uintptr_t address = reinterpret_cast<std::uintptr_t>(row) + index * sizeof(T) + offset;
+  __builtin_prefetch(reinterpret_cast<const void*>(address), for_write ? 1 : 0, 3);
+#else
+  static_cast<void>(row);
+  static_cast<void>(index);
+  static_cast<void>(offset);
+#endif
+}
+
 /// Asks for the cache line prefetch_distance bytes after entry `index` of `row` (`for_write`:
 /// the pass will store there). The passes that do more work per entry than a plain read
 /// (top-p's band and writing passes, the screens that sum, the tempered weights) issued
@@ -202,14 +218,7 @@ inline constexpr std::uintptr_t prefetch_distance = 4096;
 /// pointer into or past the row.
 template <bool for_write = false, class T>
 SPECDEC_KERNEL_INLINE void prefetch_ahead(const T* row, std::size_t index) noexcept {
-#if defined(__GNUC__) || defined(__clang__)
-  const std::uintptr_t ahead =
-      reinterpret_cast<std::uintptr_t>(row) + index * sizeof(T) + prefetch_distance;
-  __builtin_prefetch(reinterpret_cast<const void*>(ahead), for_write ? 1 : 0, 3);
-#else
-  static_cast<void>(row);
-  static_cast<void>(index);
-#endif
+  prefetch_entry<for_write>(row, index, prefetch_distance);
 }
 
 }  // namespace detail

@@ -748,6 +748,8 @@ class Standardizer {
   static constexpr std::size_t nucleus_sample = 2048;
   // The band reaches this many standard errors of the sampled mass on either side.
   static constexpr double nucleus_band_width = 3.5;
+  // How many sampled entries ahead sampled_band asks for the next one.
+  static constexpr std::size_t sampled_ahead = 32;
   // Buckets of the band's own histogram.
   static constexpr std::size_t band_buckets = 1024;
 
@@ -851,6 +853,9 @@ class Standardizer {
     sample_.resize(2 * count);
     double* const gathered = sample_.data();
     for (std::size_t i = 0, j = stride / 2; i < count; ++i, j += stride) {
+      // The entry sampled_ahead reads later asked for now: more reads in flight than the
+      // loads alone keep (T = 1 top-p step, V = 128k: 5.03, 4.97 -> 4.85, 4.80 the read).
+      if (i + sampled_ahead < count) detail::prefetch_entry(key.data(), j + sampled_ahead * stride);
       gathered[2 * i] = static_cast<double>(key[j]);
       gathered[2 * i + 1] = static_cast<double>(weights[j]);
     }
