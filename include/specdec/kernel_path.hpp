@@ -189,8 +189,10 @@ inline std::atomic<unsigned char> forced_kernel_path{0};
 #endif
 }
 
+/// The cache line the prefetch hints are issued per, in bytes (x86-64, ARMv8 cores).
+inline constexpr std::size_t cache_line = 64;
 /// How far ahead of a streaming pass prefetch_ahead asks for the row: 4 KiB, 64 cache lines.
-inline constexpr std::uintptr_t prefetch_distance = 4096;
+inline constexpr std::uintptr_t prefetch_distance = 64 * cache_line;
 
 /// Asks for the cache line `offset` bytes after entry `index` of `row` (a hint, as
 /// prefetch_ahead; offset 0: the entry's own line, for scattered reads whose positions are

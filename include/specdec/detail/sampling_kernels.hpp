@@ -435,7 +435,7 @@ SPECDEC_KERNEL_INLINE void nucleus_keep_range(const U* key, const T* weights, T*
     };
     // A cache line of entries at a time, asking for the keys and the output ahead (the
     // weights are the keys or the output on the library's paths).
-    constexpr std::size_t line = 64 / sizeof(T);
+    constexpr std::size_t line = cache_line / sizeof(T);
     static_assert(line % width == 0);
     for (; j + line <= last; j += line) {
       prefetch_ahead(key, j);
@@ -549,6 +549,8 @@ void nucleus_keep(const U* key, const T* weights, T* out, std::size_t size, U la
 inline constexpr std::size_t nucleus_lanes = 16;
 using nucleus_lane_array = std::array<double, nucleus_lanes>;
 static_assert(nucleus_lanes == 16, "the lanes are combined by pairwise_sum16");
+// The float builds of the passes below ask for one cache line per iteration (prefetch_ahead).
+static_assert(nucleus_lanes * sizeof(float) == cache_line);
 /// Entries nucleus_band may write past the last id it lists.
 inline constexpr std::size_t nucleus_band_slack = 16;
 

@@ -436,7 +436,7 @@ SPECDEC_KERNEL_INLINE std::size_t screened_blocks(const T* in, T* out, std::size
   std::size_t j = 0;
   for (; j + tempered_block <= size; j += tempered_block) {
     // The block prefetch_distance ahead asked for, line by line (kernel_path.hpp).
-    for (std::size_t h = j; h < j + tempered_block; h += 64 / sizeof(T)) {
+    for (std::size_t h = j; h < j + tempered_block; h += cache_line / sizeof(T)) {
       prefetch_ahead(in, h);
       prefetch_ahead<true>(out, h);
     }
