@@ -436,9 +436,48 @@ TEMPLATE_TEST_CASE("Standardizer: top-p from a sample places the nucleus of long
   }
 }
 
+TEMPLATE_TEST_CASE("Standardizer: top-p's sample holds on rows whose neighbouring ids move together",
+                   "[sampling]", float, double) {
+  // The sample reads runs of adjacent entries (one cache line each). Vocabularies order
+  // related tokens together, so neighbouring probabilities can move together; a run then
+  // tells less than as many scattered entries, and the band's standard error must come
+  // from the spread between runs, not from the entries as if independent (that band is
+  // too narrow on these rows: 8 of these 96 rows missed the end of the nucleus with it).
+  // Rows: blocks of 64 ids sharing a log-normal level, times a log-normal factor per entry;
+  // no row may need the full histogram, and the kept set is the shortest prefix.
+  using T = TestType;
+  specdec::xoshiro256pp g(4133);
+  for (const double temperature : {1.0, 0.7}) {
+    specdec::Standardizer<T> standardizer({.temperature = temperature, .top_p = 0.9});
+    for (int trial = 0; trial < 24; ++trial) {
+      const std::size_t size = 4096 + specdec::uniform_below(g, 130000);
+      std::vector<T> row(size);
+      double level = 0.0;
+      for (std::size_t j = 0; j < size; ++j) {
+        if (j % 64 == 0) level = 2.0 * specdec::testing::standard_normal(g);
+        row[j] = static_cast<T>(std::exp(level + 0.5 * specdec::testing::standard_normal(g)));
+      }
+      double total = 0.0;
+      for (const T x : row) total += static_cast<double>(x);
+      for (auto& x : row) x = static_cast<T>(static_cast<double>(x) / total);
+      std::vector<T> out(size);
+      standardizer.apply(std::span<const T>(row), std::span<T>(out));
+      INFO("T = " << temperature << ", trial " << trial << ", V = " << size);
+      std::vector<T> weights(size);  // the tempered weights, as a T = 1 row
+      for (std::size_t j = 0; j < size; ++j) {
+        weights[j] = static_cast<T>(std::pow(static_cast<double>(row[j]), 1.0 / temperature));
+      }
+      check_shortest_prefix(weights, out, 0.9, temperature == 1.0 ? 1e-9 : 1e-5);
+    }
+    CHECK(standardizer.nucleus_fallbacks() == 0);
+  }
+}
+
 TEMPLATE_TEST_CASE("Standardizer: top-p falls back to the full histogram when the sample misleads",
                    "[sampling]", float, double) {
-  // The sample is every stride-th entry from stride / 2 (stride = V / 2048). Rows whose
+  // The sample is 2048 entries in runs of one cache line (64 / sizeof(T) entries), one run
+  // from the middle of each of 2048 / run equal stretches, rounded down to a multiple of the
+  // run (sampling.hpp, sampled_band). Rows whose
   // sampled entries are unrepresentative: all tiny (the sample sees no tail, so the band
   // sits at the top, above the end of the nucleus), or all equal and moderately small (the
   // sample sees a heavy tail at one level, so the band sits below the end). Each row must
@@ -452,9 +491,13 @@ TEMPLATE_TEST_CASE("Standardizer: top-p falls back to the full histogram when th
     const std::size_t size = 4096 + specdec::uniform_below(g, 60000);
     std::vector<T> row(size);
     for (auto& x : row) x = static_cast<T>(std::exp(2.5 * specdec::testing::standard_normal(g)));
-    const std::size_t stride = size / 2048;
+    constexpr std::size_t run = 64 / sizeof(T);
+    const std::size_t spacing = size / (2048 / run);
     const T planted = trial % 2 == 0 ? T(1e-30) : T(4.5);  // the log-normal mean is about 22.7
-    for (std::size_t j = stride / 2; j < size; j += stride) row[j] = planted;
+    for (std::size_t c = 0; c < 2048 / run; ++c) {
+      const std::size_t start = (c * spacing + spacing / 2) / run * run;
+      std::fill_n(row.begin() + static_cast<std::ptrdiff_t>(start), run, planted);
+    }
     double total = 0.0;
     for (const T x : row) total += static_cast<double>(x);
     for (auto& x : row) x = static_cast<T>(static_cast<double>(x) / total);

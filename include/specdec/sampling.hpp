@@ -161,7 +161,10 @@ class Standardizer {
       codes_.reserve(vocab_size);
       if (vocab_size >= nucleus_sampled_from) {
         band_.reserve(vocab_size + detail::nucleus_band_slack);
-        sample_.reserve(2 * (2 * nucleus_sample + 1));  // (key, weight) of each sampled entry
+        sample_.reserve(nucleus_sample);  // the weight of each sampled entry
+        run_mass_.reserve(nucleus_sample);
+        sample_head_.reserve(detail::nucleus_buckets + 1);
+        sample_next_.reserve(nucleus_sample);
       }
     }
     if (sparse_for(vocab_size)) {
@@ -744,22 +747,29 @@ class Standardizer {
 
   // Rows of probabilities at least this long look for the nucleus from a sample first.
   static constexpr std::size_t nucleus_sampled_from = 4096;
-  // About this many entries are sampled, evenly spaced.
+  // This many entries are sampled, in evenly spaced runs of adjacent entries.
   static constexpr std::size_t nucleus_sample = 2048;
   // The band reaches this many standard errors of the sampled mass on either side.
   static constexpr double nucleus_band_width = 3.5;
-  // How many sampled entries ahead sampled_band asks for the next one.
-  static constexpr std::size_t sampled_ahead = 32;
+  // The sample's runs: one cache line of keys each.
+  template <class U>
+  static constexpr std::size_t sample_run = std::max<std::size_t>(detail::cache_line / sizeof(U),
+                                                                  1);
+  static_assert(nucleus_sample % sample_run<float> == 0 &&
+                nucleus_sample % sample_run<double> == 0);
+  // How many runs ahead sampled_band asks for the next one.
+  static constexpr std::size_t sampled_ahead = 8;
+  static constexpr std::int32_t no_entry = -1;
   // Buckets of the band's own histogram.
   static constexpr std::size_t band_buckets = 1024;
 
   // find_nucleus for a long row of probabilities (key > 0 for every possible token):
   //  1. the mass of the row (one pass in double lanes, detail::nucleus_total; at T = 1 taken
   //     with the row's maximum in apply's first pass);
-  //  2. every stride-th entry estimates the mass below each bucket of width 2^(1/16) under
-  //     the top key, with its standard error (stride * sqrt(sum of the squared sampled
-  //     weights below)); the band is the buckets where the end of the nucleus may lie
-  //     within nucleus_band_width standard errors;
+  //  2. 2048 entries, in evenly spaced runs of one cache line, estimate the mass below each
+  //     bucket of width 2^(1/16) under the top key, with its standard error (from the
+  //     spread of the runs' sampled weights below); the band is the buckets where the end of
+  //     the nucleus may lie within nucleus_band_width standard errors;
   //  3. one pass sums the keys above the band exactly and lists the band's ids
   //     (detail::nucleus_band);
   //  4. a histogram of the band alone (buckets of its key bits) finds the bucket where the
@@ -831,7 +841,7 @@ class Standardizer {
     }
   }
 
-  // Step 2 of find_nucleus_sampled: the band [low, high) from every stride-th entry, for a
+  // Step 2 of find_nucleus_sampled: the band [low, high) from the sampled runs, for a
   // row of mass `total` (buckets counted down from `top_code`, the code of a key at least
   // as large as most keys: larger ones count in the top bucket). False if the band would
   // be empty (keys near the smallest positive number).
@@ -841,56 +851,112 @@ class Standardizer {
     const std::size_t size = key.size();
     const double needed = options_.top_p * total;
     constexpr std::size_t buckets = detail::nucleus_buckets;
-    // histogram_: the sampled weight per bucket, then the sampled squared weight.
-    histogram_.assign(2 * buckets, 0.0);
+    // histogram_: the sampled weight per bucket, and a last one for entries without weight.
+    histogram_.assign(buckets + 1, 0.0);
     double* const sampled = histogram_.data();
-    double* const squared = sampled + buckets;
-    const std::size_t stride = size / nucleus_sample;
-    // The sampled entries are read first, into sample_ (key, weight), with no other work
-    // between the reads: each may miss the caches, and independent reads overlap (bucketing
-    // each entry as it arrives made every read wait for the histogram's previous update).
-    // The entry sampled_ahead samples later is asked for meanwhile: more reads in flight
-    // than the loads alone keep (T = 1 top-p step, V = 128k: 5.03, 4.97 -> 4.85, 4.80 the read).
-    sample_.clear();
-    for (std::size_t j = stride / 2; j < size; j += stride) {
-      const std::size_t next = j + sampled_ahead * stride;
-      if (next < size) detail::prefetch_entry(key.data(), next);
-      sample_.push_back(static_cast<double>(key[j]));
-      sample_.push_back(static_cast<double>(weights[j]));
+    // The sample: `clusters` runs of `run` adjacent entries (one cache line of keys when the
+    // row is aligned), evenly spaced: 2048 entries from 128 lines of a float row, where 2048
+    // entries a stride apart cost about as much as reading a quarter of the row.
+    constexpr std::size_t run = sample_run<U>;
+    constexpr std::size_t clusters = nucleus_sample / run;
+    const std::size_t spacing = size / clusters;
+    SPECDEC_ASSERT(spacing >= 2 * run);  // size >= nucleus_sampled_from
+    // The runs are read first, each entry's weight (as a double) and bucket (`buckets` for
+    // an entry without weight) written to sample_ and codes_, with nothing between the
+    // reads that waits on an earlier one. The run sampled_ahead runs later is asked for
+    // meanwhile.
+    const auto run_start = [spacing](std::size_t c) {
+      return (c * spacing + spacing / 2) / run * run;
+    };
+    const bool separate_weights =
+        static_cast<const void*>(weights.data()) != static_cast<const void*>(key.data());
+    sample_.resize(nucleus_sample);
+    codes_.resize(nucleus_sample);
+    double* const weight_of = sample_.data();
+    std::uint16_t* const code_of = codes_.data();
+    for (std::size_t c = 0; c < clusters; ++c) {
+      if (c + sampled_ahead < clusters) {
+        const std::size_t next = run_start(c + sampled_ahead);
+        detail::prefetch_entry(key.data(), next);
+        if (separate_weights) detail::prefetch_entry(weights.data(), next);
+      }
+      const std::size_t j = run_start(c);
+      const U* const run_keys = key.data() + j;
+      const T* const run_weights = weights.data() + j;
+      for (std::size_t i = 0; i < run; ++i) {
+        const U value = run_keys[i];
+        const auto weight = static_cast<double>(run_weights[i]);
+        const std::int64_t offset = std::min<std::int64_t>(
+            std::max<std::int64_t>(top_code - detail::magnitude_code(value), 0), buckets - 1);
+        const bool counted = value > U(0) && weight > 0.0;
+        weight_of[c * run + i] = counted ? weight : 0.0;
+        code_of[c * run + i] =
+            counted ? static_cast<std::uint16_t>(offset) : static_cast<std::uint16_t>(buckets);
+      }
     }
-    for (std::size_t i = 0; i < sample_.size(); i += 2) {
-      const auto value = static_cast<U>(sample_[i]);
-      const double weight = sample_[i + 1];
-      if (!(value > U(0) && weight > 0.0)) continue;
-      const std::int64_t offset = std::clamp<std::int64_t>(top_code - detail::magnitude_code(value),
-                                                           0, std::int64_t{buckets - 1});
-      sampled[offset] += weight;
-      squared[offset] += weight * weight;
+    // The buckets' sampled weights, and a list per bucket of its entries (sample_next_ from
+    // sample_head_) for the walk down the buckets below.
+    sample_head_.assign(buckets + 1, no_entry);
+    sample_next_.resize(nucleus_sample);
+    for (std::size_t e = 0; e < nucleus_sample; ++e) {
+      const std::uint16_t code = code_of[e];
+      sampled[code] += weight_of[e];
+      sample_next_[e] = sample_head_[code];
+      sample_head_[code] = static_cast<std::int32_t>(e);
     }
-    // H(b), the mass of the buckets up to b, grows with b. b is surely short when even the
-    // estimate plus the margin misses `needed`, surely enough when the estimate minus the
-    // margin reaches it; the band runs from after the last short bucket to the first
-    // enough one.
-    const auto scale = static_cast<double>(stride);
+    // Each run's sampled weight below bucket 0 (four partial sums: the additions of one run
+    // do not wait on each other one by one).
+    run_mass_.resize(clusters);
+    for (std::size_t c = 0; c < clusters; ++c) {
+      double part[4] = {0.0, 0.0, 0.0, 0.0};
+      for (std::size_t i = 0; i < run; ++i) {
+        const std::size_t e = c * run + i;
+        part[i % 4] += code_of[e] > 0 ? weight_of[e] : 0.0;
+      }
+      run_mass_[c] = (part[0] + part[1]) + (part[2] + part[3]);
+    }
+    // H(b), the mass of the buckets up to b, grows with b. The mass below b (the buckets
+    // after it) is estimated as scale * (sampled weight below b), with the standard error
+    // of a sample of `clusters` runs: scale * sqrt(C / (C - 1) * (sum of the squared runs'
+    // weights below b - (their sum)^2 / C)), so that adjacent entries whose weights move
+    // together (vocabularies order related tokens together) widen the band rather than
+    // mislead it. b is surely short when even the estimate plus the margin misses
+    // `needed`, surely enough when the estimate minus the margin reaches it (compared
+    // squared: no square root per bucket); the band runs from after the last short bucket
+    // to the first enough one.
+    const double scale = static_cast<double>(size) / static_cast<double>(nucleus_sample);
+    constexpr auto runs = static_cast<double>(clusters);
+    const double factor =
+        nucleus_band_width * nucleus_band_width * scale * scale * (runs / (runs - 1.0));
     double below = 0.0;          // sampled weight in the buckets after b
-    double below_squared = 0.0;  // and its squares
-    for (std::size_t b = 1; b < buckets; ++b) {
-      below += sampled[b];
-      below_squared += squared[b];
+    double below_squared = 0.0;  // the sum of the squared runs' weights there
+    for (std::size_t c = 0; c < clusters; ++c) {
+      below += run_mass_[c];
+      below_squared += run_mass_[c] * run_mass_[c];
     }
     std::size_t first = 0;
     std::size_t last = buckets - 1;
     for (std::size_t b = 0; b < buckets; ++b) {
-      const double estimate = total - scale * below;
-      const double margin = nucleus_band_width * scale * std::sqrt(below_squared);
-      if (estimate - margin >= needed) {
+      const double gap = total - scale * below - needed;  // estimate - needed
+      const double margin_squared =
+          factor * std::max(below_squared - below * below * (1.0 / runs), 0.0);
+      const double gap_squared = gap * gap;
+      if (gap >= 0.0 && gap_squared >= margin_squared) {
         last = b;
         break;
       }
-      if (estimate + margin < needed) first = b + 1;
+      if (gap < 0.0 && gap_squared > margin_squared) first = b + 1;
       if (b + 1 < buckets) {
         below = std::max(below - sampled[b + 1], 0.0);
-        below_squared = std::max(below_squared - squared[b + 1], 0.0);
+        // The entries of bucket b + 1 leave their runs' weights below.
+        for (std::int32_t e = sample_head_[b + 1]; e != no_entry;
+             e = sample_next_[static_cast<std::size_t>(e)]) {
+          const auto entry = static_cast<std::size_t>(e);
+          double& mass = run_mass_[entry / run];
+          const double left = std::max(mass - weight_of[entry], 0.0);
+          below_squared = std::max(below_squared - (mass * mass - left * left), 0.0);
+          mass = left;
+        }
       }
     }
     first = std::min(first, last);
@@ -994,14 +1060,17 @@ class Standardizer {
 
   SamplingOptions options_;
   std::vector<std::uint32_t> index_;
-  std::vector<double> block_max_;         // apply_sparse: maxima of blocks of select_block keys
-  std::vector<double> block_order_;       // their selection
-  std::vector<std::uint32_t> block_ids_;  // the blocks select_top_k_from_blocks ranks
-  std::vector<double> histogram_;         // find_nucleus: two histograms of bucket masses
-  std::vector<std::uint16_t> codes_;      // find_nucleus: the bucket of every entry
-  std::size_t nucleus_fallbacks_ = 0;     // rows find_nucleus_sampled did not place
-  std::vector<std::uint32_t> band_;       // find_nucleus_sampled: the band's ids
-  std::vector<double> sample_;            // sampled_band: the sampled keys and weights
+  std::vector<double> block_max_;          // apply_sparse: maxima of blocks of select_block keys
+  std::vector<double> block_order_;        // their selection
+  std::vector<std::uint32_t> block_ids_;   // the blocks select_top_k_from_blocks ranks
+  std::vector<double> histogram_;          // find_nucleus: two histograms of bucket masses
+  std::vector<std::uint16_t> codes_;       // find_nucleus: the bucket of every entry
+  std::size_t nucleus_fallbacks_ = 0;      // rows find_nucleus_sampled did not place
+  std::vector<std::uint32_t> band_;        // find_nucleus_sampled: the band's ids
+  std::vector<double> sample_;             // sampled_band: the sampled keys and weights
+  std::vector<double> run_mass_;           // its runs' weights below the current bucket
+  std::vector<std::int32_t> sample_head_;  // the first sampled entry of each bucket
+  std::vector<std::int32_t> sample_next_;  // the next sampled entry of the same bucket
 };
 
 /// Convenience: the standardized copy of one row (allocates; use a Standardizer in loops).
