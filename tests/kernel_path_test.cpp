@@ -308,6 +308,85 @@ TEMPLATE_TEST_CASE("kernel_path: every path standardizes top-p rows bitwise", "[
   }
 }
 
+TEMPLATE_TEST_CASE("kernel_path: a top-p nucleus left to the draw's pass is the row apply writes",
+                   "[kernel_path]", float, double) {
+  // The draft stage asks apply() to leave top-p's writing pass to it (the `deferred` hook)
+  // and runs that pass inside its draw (detail::draw_from_target with the hook): the row
+  // it leaves and the token it draws must be bitwise those of apply() writing the row and
+  // sample_from_row drawing from it, on every path. Only top-p alone at T = 1 defers (not
+  // with min-p, not tempered); rows short and long (the sampled band's first pass), with
+  // ties and zeros.
+  using T = TestType;
+  const ResetKernelPath reset;
+  const auto paths = supported_paths();
+  specdec::xoshiro256pp g(83);
+  const specdec::SamplingOptions settings[] = {
+      {.top_p = 0.9},
+      {.top_p = 0.3},
+      {.temperature = 0.7, .top_p = 0.9},
+      {.temperature = 0.8, .top_p = 0.85, .min_p = 0.02},
+  };
+  std::size_t deferred_rows = 0;
+  for (int trial = 0; trial < 96; ++trial) {
+    const std::size_t size = trial % 3 == 2 ? 4096 + specdec::uniform_below(g, 40000)
+                                            : 1 + specdec::uniform_below(g, 3000);
+    std::vector<T> row(size);
+    for (std::size_t j = 0; j < size; ++j) {
+      row[j] = static_cast<T>(std::exp(2.5 * specdec::testing::standard_normal(g)));
+      if (trial % 5 == 1 && j % 5 == 0) row[j] = T(0);
+      if (trial % 5 == 2 && j > 0 && j % 3 == 0) row[j] = row[j - 1];  // ties
+    }
+    if (std::all_of(row.begin(), row.end(), [](T x) { return x == T(0); })) row[0] = T(1);
+    normalise(row);
+    const specdec::SamplingOptions& options = settings[trial % 4];
+    const auto seed = g();
+    std::vector<T> first_row;
+    specdec::token_id first_token = 0;
+    for (const kernel_path path : paths) {
+      specdec::force_kernel_path(path);
+      INFO("size " << size << ", trial " << trial << ", path " << static_cast<int>(path));
+      specdec::Standardizer<T> standardizer(options);
+      std::vector<T> written(size);
+      const double top = standardizer.apply(std::span<const T>(row), std::span<T>(written));
+      specdec::xoshiro256pp g_written(seed);
+      const specdec::token_id expected =
+          specdec::sample_from_row(std::span<const T>(written), g_written);
+      // The deferred pass writes over stale entries, as the draft stage's copies hold.
+      std::vector<T> left(size, T(0.5));
+      specdec::detail::nucleus_keep_hook<T, T> keep;
+      const double deferred_top =
+          standardizer.apply(std::span<const T>(row), std::span<T>(left), nullptr, &keep);
+      CHECK(same_bits(deferred_top, top));
+      CHECK((keep.out != nullptr) == (options.min_p == 0.0 && options.temperature == 1.0));
+      specdec::xoshiro256pp g_left(seed);
+      specdec::token_id drawn = 0;
+      if (keep.out != nullptr) {
+        ++deferred_rows;
+        CHECK(keep.out == left.data());
+        drawn = specdec::detail::draw_from_target(std::span<const T>(left),
+                                                  specdec::uniform01<double>(g_left), keep);
+      } else {
+        drawn = specdec::sample_from_row(std::span<const T>(left), g_left);
+      }
+      CHECK(drawn == expected);
+      std::size_t differing = 0;
+      for (std::size_t j = 0; j < size; ++j) {
+        if (!same_bits(left[j], written[j])) ++differing;
+      }
+      CHECK(differing == 0);
+      if (first_row.empty()) {
+        first_row = written;
+        first_token = expected;
+      } else {
+        CHECK(expected == first_token);
+        CHECK(std::equal(written.begin(), written.end(), first_row.begin(),
+                         [](T a, T b) { return same_bits(a, b); }));
+      }
+    }
+  }
+  CHECK(deferred_rows == 48 * paths.size());
+}
+
 TEMPLATE_TEST_CASE("kernel_path: every path sums and lists top-p's band bitwise", "[kernel_path]",
                    float, double) {
   // Long rows of probabilities look for the nucleus from a sample, then take two passes:

@@ -68,13 +68,15 @@ TEST_CASE("SpeculativeDecoder exactness: LanguageModel drafts", "[speculative_de
       BatchedMarkovModel<double> batched(target_model);
       auto per_prefix = target_model;
       // T = 1 (dense rows, one fused pass per draft row), top-k + top-p at T = 0.7 (rows
-      // kept as their survivors) and top-p + min-p without top-k (dense standardized rows).
-      for (const int variant : {0, 1, 2}) {
+      // kept as their survivors), top-p + min-p without top-k (dense standardized rows) and
+      // top-p alone at T = 1 (the draft's nucleus written by its draw's pass).
+      for (const int variant : {0, 1, 2, 3}) {
         const bool truncated = variant == 1;
         const SamplingOptions sampling =
             variant == 0   ? SamplingOptions{}
             : variant == 1 ? truncated_sampling(vocab)
-                           : SamplingOptions{.temperature = 0.8, .top_p = 0.85, .min_p = 0.02};
+            : variant == 2 ? SamplingOptions{.temperature = 0.8, .top_p = 0.85, .min_p = 0.02}
+                           : SamplingOptions{.top_p = 0.85};
         const std::size_t length = sequence_length_for(vocab);
         const SequenceLaw law(target_model, sampling, length);
         const std::size_t samples = samples_for(law);
@@ -88,9 +90,10 @@ TEST_CASE("SpeculativeDecoder exactness: LanguageModel drafts", "[speculative_de
           // alternate batched and per-prefix targets across configurations
           const bool use_batched = (gamma + order) % 2 == 0;
           INFO("V = " << vocab << ", order " << order << ", gamma " << gamma
-                      << (variant == 2 ? ", T = 0.8 top-p min-p"
-                          : truncated  ? ", T = 0.7 top-k top-p"
-                                       : ", T = 1")
+                      << (variant == 3   ? ", T = 1 top-p"
+                          : variant == 2 ? ", T = 0.8 top-p min-p"
+                          : truncated    ? ", T = 0.7 top-k top-p"
+                                         : ", T = 1")
                       << (use_batched ? ", batched" : ", per prefix")
                       << (token_rule ? ", token rule" : ", block verification"));
           specdec::testing::ChiSquareResult result;

@@ -156,10 +156,16 @@ class DraftStage {
                                                    : detail::sparse_draw(survivors_[i], u, 0));
       } else {
         const std::span<T> q(copies_.data() + i * vocab_size_, vocab_size_);
-        top_probability = standardize_checked(standardizer, row, q, checks, "draft", i);
+        // Top-p alone at T = 1: the nucleus is written by the draw's pass, as it sums
+        // each block (one pass over the copy instead of a write, then a read).
+        using value_type = typename decltype(row)::value_type;
+        detail::nucleus_keep_hook<std::remove_cv_t<value_type>, T> keep;
+        top_probability = standardize_checked(standardizer, row, q, checks, "draft", i, &keep);
         scales_[i] = 1.0;
         row_at_[i] = q.data();
-        drafted = sample_from_row(std::span<const T>(q), g);
+        drafted = keep.out == nullptr
+                      ? sample_from_row(std::span<const T>(q), g)
+                      : detail::draw_from_target(std::span<const T>(q), uniform01<double>(g), keep);
       }
       sequence.push_back(drafted);
       if (stops.is_stop_token(drafted)) return i + 1;

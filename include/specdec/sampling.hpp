@@ -198,9 +198,17 @@ class Standardizer {
   /// returns the largest standardized probability. With `screen` and
   /// screens_first_pass(size), also fills *screen (whether every entry is >= 0, and the
   /// row's sum then); apply is safe on any row, so a caller may validate after it.
+  /// With `deferred`, when apply's last pass would only write the nucleus of top-p alone at
+  /// T = 1 (reading the keys, writing `out`), it leaves that pass to the caller instead:
+  /// deferred->out is then set (else null), and `out` holds the row only once the hook has
+  /// run over every entry, in blocks (a build_mass_table hook: the draft stage's draw
+  /// writes the row as it sums it). At T != 1 the weights are already in `out` and the
+  /// pass rewrites them in place: fusing it into the draw measured no faster.
   template <ProbabilityScalar U>
   double apply(std::span<const U> probabilities, std::span<T> out,
-               detail::first_pass_screen* screen = nullptr) {
+               detail::first_pass_screen* screen = nullptr,
+               detail::nucleus_keep_hook<U, T>* deferred = nullptr) {
+    if (deferred != nullptr) deferred->out = nullptr;
     SPECDEC_ASSERT(out.size() == probabilities.size());
     const std::size_t size = probabilities.size();
     if (size == 0) return 0.0;
@@ -232,9 +240,9 @@ class Standardizer {
         known_total = first.screen.total;
         if (screen != nullptr) *screen = {first.screen.signs_passed, first.screen.total};
         if (first.found) {  // a positive mass: the maximum and the kept mass are positive
-          detail::nucleus_keep(probabilities.data(), probabilities.data(), out.data(), size,
-                               first.kept.last_key, first.kept.last,
-                               static_cast<T>(1.0 / first.kept.mass));
+          keep_nucleus(probabilities.data(), probabilities.data(), out.data(), size,
+                       first.kept.last_key, first.kept.last, static_cast<T>(1.0 / first.kept.mass),
+                       deferred);
           return static_cast<double>(maximum) / first.kept.mass;
         }
       } else if (options_.temperature != 1.0 && (options_.top_k == 0 || options_.top_k >= size)) {
@@ -274,7 +282,7 @@ class Standardizer {
             std::transform(probabilities.begin(), probabilities.end(), all.begin(),
                            [](U value) { return static_cast<T>(value); });
           },
-          key_weights, known_total);
+          key_weights, known_total, deferred);
     }
     const double inverse_temperature = 1.0 / temperature;
     if (!(inverse_temperature <= static_cast<double>(std::numeric_limits<T>::max()))) {
@@ -445,7 +453,8 @@ class Standardizer {
   double finish(std::span<const U> key, std::span<T> out, U floor, U top_key, U min_key,
                 bool use_min_p, T top_weight, WeightOf weight_of, FillAll fill_all,
                 const T* key_weights = nullptr,
-                double known_total = std::numeric_limits<double>::quiet_NaN()) {
+                double known_total = std::numeric_limits<double>::quiet_NaN(),
+                detail::nucleus_keep_hook<U, T>* deferred = nullptr) {
     const std::size_t size = key.size();
     const std::size_t k = options_.top_k;
     if (k != 0 && k < size) {
@@ -487,8 +496,8 @@ class Standardizer {
         std::fill(out.begin(), out.end(), T(0));
         return 0.0;
       }
-      detail::nucleus_keep(key.data(), weights, out.data(), size, kept.last_key, kept.last,
-                           static_cast<T>(1.0 / kept.mass));
+      keep_nucleus(key.data(), weights, out.data(), size, kept.last_key, kept.last,
+                   static_cast<T>(1.0 / kept.mass), deferred);
       return static_cast<double>(top_weight) / kept.mass;
     }
     fill_all(out);
@@ -504,6 +513,17 @@ class Standardizer {
     if (!(total > 0.0)) return 0.0;
     map(out) *= static_cast<T>(1.0 / total);
     return static_cast<double>(top_weight) / total;
+  }
+
+  // nucleus_keep, or with `deferred` handed to the caller (apply's comment).
+  template <class U>
+  static void keep_nucleus(const U* key, const T* weights, T* out, std::size_t size, U last_key,
+                           std::size_t last, T scale, detail::nucleus_keep_hook<U, T>* deferred) {
+    if (deferred != nullptr) {
+      *deferred = {key, weights, out, last_key, last, scale};
+      return;
+    }
+    detail::nucleus_keep(key, weights, out, size, last_key, last, scale);
   }
 
   struct sparse_output {

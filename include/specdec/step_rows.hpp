@@ -22,17 +22,19 @@ namespace specdec {
 /// validate_rows the screen, taken from the standardization's first pass where it takes one
 /// (Standardizer::screens_first_pass: the row is then checked after it, which is safe on any
 /// row), else a pass of its own before. Returns the top standardized probability.
+/// `deferred`: as Standardizer::apply's (the caller writes top-p's nucleus).
 template <class T, class U>
 double standardize_checked(Standardizer<T>& standardizer, std::span<const U> row, std::span<T> out,
-                           const StepChecks& checks, std::string_view model, std::size_t index) {
+                           const StepChecks& checks, std::string_view model, std::size_t index,
+                           detail::nucleus_keep_hook<U, T>* deferred = nullptr) {
   const bool validate = checks.validate_rows() && !standardizer.options().greedy();
   if (!validate || !standardizer.template screens_first_pass<U>(row.size())) {
     checks.check_row(row, model, index);
-    return standardizer.apply(row, out);
+    return standardizer.apply(row, out, nullptr, deferred);
   }
   checks.check_size(row, model, index);
   detail::first_pass_screen screen;
-  const double top = standardizer.apply(row, out, &screen);
+  const double top = standardizer.apply(row, out, &screen, deferred);
   if (!detail::plausible_total<U>(screen.signs_passed, screen.total, default_sum_tolerance<U>)) {
     checks.reject_probability_row(row, model, index);
   }

@@ -466,6 +466,28 @@ SPECDEC_KERNEL_INLINE void nucleus_keep_body(const U* key, const T* weights, T* 
   nucleus_keep_range<Bytes, false>(key, weights, out, split, size, last_key, scale);
 }
 
+/// nucleus_keep as a build_mass_table hook: writes the nucleus over each block of the pass
+/// before the pass sums it, so that a draw from the written row reads it once (the draft
+/// stage's top-p rows: Standardizer::apply leaves this write to the draw). `out` is null
+/// until apply hands the write over.
+template <class U, class T>
+struct nucleus_keep_hook {
+  const U* key = nullptr;
+  const T* weights = nullptr;
+  T* out = nullptr;
+  U last_key{};
+  std::size_t last = 0;
+  T scale{};
+
+  SPECDEC_KERNEL_INLINE void operator()(std::size_t first, std::size_t count) const noexcept {
+    // Ids up to `last` keep last_key's ties, ids after it do not (nucleus_keep_body).
+    const std::size_t end = first + count;
+    const std::size_t split = std::clamp(last + 1, first, end);
+    nucleus_keep_range<32, true>(key, weights, out, first, split, last_key, scale);
+    nucleus_keep_range<32, false>(key, weights, out, split, end, last_key, scale);
+  }
+};
+
 #if SPECDEC_DISPATCH_AVX2
 template <class T>
 SPECDEC_TARGET_AVX2 void nucleus_histogram_avx2(const T* weights, std::size_t size,
@@ -1275,7 +1297,9 @@ SPECDEC_KERNELS_END
   prefix template void nucleus_keep<U, T>(const U*, const T*, T*, std::size_t, U, std::size_t, \
                                           T) noexcept;                                         \
   prefix template nucleus_band_found nucleus_band<U, T>(const U*, const T*, std::size_t, U, U, \
-                                                        std::uint32_t*) noexcept;
+                                                        std::uint32_t*) noexcept;              \
+  prefix template void build_mass_table_dispatch<row_source<T>, nucleus_keep_hook<U, T>>(      \
+      const row_source<T>&, mass_table&, nucleus_keep_hook<U, T>&) noexcept;
 #define SPECDEC_SAMPLING_ROW_INSTANCES(prefix, T)                                              \
   prefix template T block_maxima<true, T>(const T*, std::size_t, double*,                      \
                                           row_screen<T>*) noexcept;                            \
