@@ -203,7 +203,7 @@ class Standardizer {
   /// deferred->out is then set (else null), and `out` holds the row only once the hook has
   /// run over every entry, in blocks (a build_mass_table hook: the draft stage's draw
   /// writes the row as it sums it). At T != 1 the weights are already in `out` and the
-  /// pass rewrites them in place: fusing it into the draw measured no faster.
+  /// pass rewrites them in place: fusing it into the draw measured slower in the step.
   template <ProbabilityScalar U>
   double apply(std::span<const U> probabilities, std::span<T> out,
                detail::first_pass_screen* screen = nullptr,
@@ -1087,7 +1087,7 @@ class Standardizer {
   std::vector<std::uint16_t> codes_;       // find_nucleus: the bucket of every entry
   std::size_t nucleus_fallbacks_ = 0;      // rows find_nucleus_sampled did not place
   std::vector<std::uint32_t> band_;        // find_nucleus_sampled: the band's ids
-  std::vector<double> sample_;             // sampled_band: the sampled keys and weights
+  std::vector<double> sample_;             // sampled_band: the sampled entries' weights
   std::vector<double> run_mass_;           // its runs' weights below the current bucket
   std::vector<std::int32_t> sample_head_;  // the first sampled entry of each bucket
   std::vector<std::int32_t> sample_next_;  // the next sampled entry of the same bucket
