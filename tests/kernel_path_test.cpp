@@ -52,6 +52,21 @@ void normalise(std::vector<T>& row) {
   for (T& x : row) x = static_cast<T>(static_cast<double>(x) / total);
 }
 
+/// A normalised row of log-normal weights (a language model's, sigma 2.5), with every fifth
+/// entry 0 (`zeros`) or every third equal to the one before it (`ties`); never all 0.
+template <class T>
+std::vector<T> top_p_row(specdec::xoshiro256pp& g, std::size_t size, bool zeros, bool ties) {
+  std::vector<T> row(size);
+  for (std::size_t j = 0; j < size; ++j) {
+    row[j] = static_cast<T>(std::exp(2.5 * specdec::testing::standard_normal(g)));
+    if (zeros && j % 5 == 0) row[j] = T(0);
+    if (ties && j > 0 && j % 3 == 0) row[j] = row[j - 1];
+  }
+  if (std::all_of(row.begin(), row.end(), [](T x) { return x == T(0); })) row[0] = T(1);
+  normalise(row);
+  return row;
+}
+
 std::vector<kernel_path> supported_paths() {
   std::vector<kernel_path> paths{kernel_path::portable};
   for (const auto path : {kernel_path::avx2, kernel_path::avx512}) {
@@ -278,14 +293,7 @@ TEMPLATE_TEST_CASE("kernel_path: every path standardizes top-p rows bitwise", "[
     // One row in five is a long one (language-model vocabularies).
     const std::size_t size = trial % 5 == 4 ? 8192 + specdec::uniform_below(g, 40000)
                                             : 1 + specdec::uniform_below(g, 3000);
-    std::vector<T> row(size);
-    for (std::size_t j = 0; j < size; ++j) {
-      row[j] = static_cast<T>(std::exp(2.5 * specdec::testing::standard_normal(g)));
-      if (trial % 3 == 1 && j % 5 == 0) row[j] = T(0);
-      if (trial % 3 == 2 && j > 0 && j % 3 == 0) row[j] = row[j - 1];  // ties
-    }
-    if (std::all_of(row.begin(), row.end(), [](T x) { return x == T(0); })) row[0] = T(1);
-    normalise(row);
+    const std::vector<T> row = top_p_row<T>(g, size, trial % 3 == 1, trial % 3 == 2);
     const specdec::SamplingOptions& options = settings[trial % 4];
     std::vector<std::vector<T>> outputs;
     std::vector<double> tops;
@@ -330,14 +338,7 @@ TEMPLATE_TEST_CASE("kernel_path: a top-p nucleus left to the draw's pass is the 
   for (int trial = 0; trial < 96; ++trial) {
     const std::size_t size = trial % 3 == 2 ? 4096 + specdec::uniform_below(g, 40000)
                                             : 1 + specdec::uniform_below(g, 3000);
-    std::vector<T> row(size);
-    for (std::size_t j = 0; j < size; ++j) {
-      row[j] = static_cast<T>(std::exp(2.5 * specdec::testing::standard_normal(g)));
-      if (trial % 5 == 1 && j % 5 == 0) row[j] = T(0);
-      if (trial % 5 == 2 && j > 0 && j % 3 == 0) row[j] = row[j - 1];  // ties
-    }
-    if (std::all_of(row.begin(), row.end(), [](T x) { return x == T(0); })) row[0] = T(1);
-    normalise(row);
+    const std::vector<T> row = top_p_row<T>(g, size, trial % 5 == 1, trial % 5 == 2);
     const specdec::SamplingOptions& options = settings[trial % 4];
     const auto seed = g();
     std::vector<T> first_row;

@@ -394,10 +394,28 @@ TEMPLATE_TEST_CASE("Standardizer: top-p on long rows of every shape keeps the sh
   }
 }
 
+/// Normalises `row` (weights) to 1, standardizes it with `standardizer` (top-p 0.9 at
+/// `temperature`) and checks that the kept set is the shortest prefix of its tempered weights.
+template <class T>
+void check_long_row_nucleus(specdec::Standardizer<T>& standardizer, std::vector<T>& row,
+                            double temperature) {
+  const std::size_t size = row.size();
+  double total = 0.0;
+  for (const T x : row) total += static_cast<double>(x);
+  for (auto& x : row) x = static_cast<T>(static_cast<double>(x) / total);
+  std::vector<T> out(size);
+  standardizer.apply(std::span<const T>(row), std::span<T>(out));
+  std::vector<T> weights(size);  // the tempered weights, as a T = 1 row
+  for (std::size_t j = 0; j < size; ++j) {
+    weights[j] = static_cast<T>(std::pow(static_cast<double>(row[j]), 1.0 / temperature));
+  }
+  check_shortest_prefix(weights, out, 0.9, temperature == 1.0 ? 1e-9 : 1e-5);
+}
+
 TEMPLATE_TEST_CASE("Standardizer: top-p from a sample places the nucleus of long rows",
                    "[sampling]", float, double) {
-  // Rows of at least 4096 probabilities find the nucleus from a sample of about 2048 evenly
-  // spaced entries, which places its end in a band; only the band is ranked. On the rows of
+  // Rows of at least 4096 probabilities find the nucleus from a sample of 2048 entries (in
+  // evenly spaced runs), which places its end in a band; only the band is ranked. On the rows of
   // language models (softmax of Gaussian logits, log-normal tails, one dominant token or a dominant
   // pair) the band must hold the end: no row may need the full histogram (a band placed wrongly
   // would pass every other test through that fallback), and the kept set is the shortest prefix.
@@ -420,24 +438,16 @@ TEMPLATE_TEST_CASE("Standardizer: top-p from a sample places the nucleus of long
         row[specdec::uniform_below(g, size)] = static_cast<T>(largest * std::exp(2.0));
         row[specdec::uniform_below(g, size)] = static_cast<T>(largest * std::exp(1.0));
       }
-      double total = 0.0;
-      for (const T x : row) total += static_cast<double>(x);
-      for (auto& x : row) x = static_cast<T>(static_cast<double>(x) / total);
-      std::vector<T> out(size);
-      standardizer.apply(std::span<const T>(row), std::span<T>(out));
       INFO("T = " << temperature << ", trial " << trial << ", V = " << size);
-      std::vector<T> weights(size);  // the tempered weights, as a T = 1 row
-      for (std::size_t j = 0; j < size; ++j) {
-        weights[j] = static_cast<T>(std::pow(static_cast<double>(row[j]), 1.0 / temperature));
-      }
-      check_shortest_prefix(weights, out, 0.9, temperature == 1.0 ? 1e-9 : 1e-5);
+      check_long_row_nucleus(standardizer, row, temperature);
     }
     CHECK(standardizer.nucleus_fallbacks() == 0);
   }
 }
 
-TEMPLATE_TEST_CASE("Standardizer: top-p's sample holds on rows whose neighbouring ids move together",
-                   "[sampling]", float, double) {
+TEMPLATE_TEST_CASE(
+    "Standardizer: top-p's sample holds on rows whose neighbouring ids move together", "[sampling]",
+    float, double) {
   // The sample reads runs of adjacent entries (one cache line each). Vocabularies order
   // related tokens together, so neighbouring probabilities can move together; a run then
   // tells less than as many scattered entries, and the band's standard error must come
@@ -457,17 +467,8 @@ TEMPLATE_TEST_CASE("Standardizer: top-p's sample holds on rows whose neighbourin
         if (j % 64 == 0) level = 2.0 * specdec::testing::standard_normal(g);
         row[j] = static_cast<T>(std::exp(level + 0.5 * specdec::testing::standard_normal(g)));
       }
-      double total = 0.0;
-      for (const T x : row) total += static_cast<double>(x);
-      for (auto& x : row) x = static_cast<T>(static_cast<double>(x) / total);
-      std::vector<T> out(size);
-      standardizer.apply(std::span<const T>(row), std::span<T>(out));
       INFO("T = " << temperature << ", trial " << trial << ", V = " << size);
-      std::vector<T> weights(size);  // the tempered weights, as a T = 1 row
-      for (std::size_t j = 0; j < size; ++j) {
-        weights[j] = static_cast<T>(std::pow(static_cast<double>(row[j]), 1.0 / temperature));
-      }
-      check_shortest_prefix(weights, out, 0.9, temperature == 1.0 ? 1e-9 : 1e-5);
+      check_long_row_nucleus(standardizer, row, temperature);
     }
     CHECK(standardizer.nucleus_fallbacks() == 0);
   }

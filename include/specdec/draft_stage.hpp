@@ -158,8 +158,7 @@ class DraftStage {
         const std::span<T> q(copies_.data() + i * vocab_size_, vocab_size_);
         // Top-p alone at T = 1: the nucleus is written by the draw's pass, as it sums
         // each block (one pass over the copy instead of a write, then a read).
-        using value_type = typename decltype(row)::value_type;
-        detail::nucleus_keep_hook<std::remove_cv_t<value_type>, T> keep;
+        detail::nucleus_keep_hook<typename decltype(row)::value_type, T> keep;
         top_probability = standardize_checked(standardizer, row, q, checks, "draft", i, &keep);
         scales_[i] = 1.0;
         row_at_[i] = q.data();

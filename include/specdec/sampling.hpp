@@ -888,6 +888,7 @@ class Standardizer {
     const auto run_start = [spacing](std::size_t c) {
       return (c * spacing + spacing / 2) / run * run;
     };
+    const auto top = static_cast<std::int32_t>(top_code);  // a magnitude code: 16 bits at most
     const bool separate_weights =
         static_cast<const void*>(weights.data()) != static_cast<const void*>(key.data());
     sample_.resize(nucleus_sample);
@@ -904,14 +905,11 @@ class Standardizer {
       const U* const run_keys = key.data() + j;
       const T* const run_weights = weights.data() + j;
       for (std::size_t i = 0; i < run; ++i) {
-        const U value = run_keys[i];
         const auto weight = static_cast<double>(run_weights[i]);
-        const std::int64_t offset = std::min<std::int64_t>(
-            std::max<std::int64_t>(top_code - detail::magnitude_code(value), 0), buckets - 1);
-        const bool counted = value > U(0) && weight > 0.0;
+        const std::int32_t bucket = detail::nucleus_bucket(run_keys[i], top);  // by the key
+        const bool counted = bucket != std::int32_t{buckets} && weight > 0.0;
         weight_of[c * run + i] = counted ? weight : 0.0;
-        code_of[c * run + i] =
-            counted ? static_cast<std::uint16_t>(offset) : static_cast<std::uint16_t>(buckets);
+        code_of[c * run + i] = static_cast<std::uint16_t>(counted ? bucket : std::int32_t{buckets});
       }
     }
     // The buckets' sampled weights, and a list per bucket of its entries (sample_next_ from
