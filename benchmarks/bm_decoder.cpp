@@ -20,6 +20,8 @@
 //                    step tokens): block verification emits more tokens per step
 //   allocs_per_step  heap allocations per decoder step (global operator new is replaced by
 //                    tests/support/counting_allocator.hpp); must be 0
+//   read_us, read_GBps  the pure read's median time and the rate it read the rows at
+// The context (printed before the results) names the CPU and the best kernel path.
 // Variants (mode): 0 sampling identity (T = 1), 1 truncated (T = 0.7, top-k 50, top-p 0.9),
 // 3 top-p alone (T = 1, top-p 0.9), 4 tempered top-p (T = 0.7, top-p 0.9; the peer sorts
 // the whole row, as Hugging Face and vLLM do for top-p) and 2 greedy
@@ -40,10 +42,12 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <new>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -63,6 +67,25 @@ namespace {
 using specdec::token_id;
 
 constexpr std::size_t default_gamma = 4;  // BM_DecoderStep's draft length
+
+// The host in the benchmark's context: the CPU's model name (Linux's /proc/cpuinfo, where
+// there is one) and the kernel path kernels:1 runs.
+[[maybe_unused]] const bool host_context = [] {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const std::size_t colon = line.find(':');
+      if (colon != std::string::npos && colon + 2 <= line.size()) {
+        benchmark::AddCustomContext("cpu_model", line.substr(colon + 2));
+      }
+      break;
+    }
+  }
+  benchmark::AddCustomContext("kernel_path",
+                              std::string(specdec::to_string(specdec::best_kernel_path())));
+  return true;
+}();
 
 // Target rows p and draft rows q for `distinct` positions (8, or gamma for BM_DecoderScaling),
 // each stored twice in a row so that gamma + 1 consecutive positions are one contiguous block. p is
@@ -299,6 +322,14 @@ void decoder_step(benchmark::State& state, const StepSetup& setup) {
       (medians.peer / peer_tokens_per_step) / (medians.step / tokens_per_step);
   state.counters["allocs_per_step"] = static_cast<double>(allocations) / step_count;
   state.counters["acceptance"] = decoder.statistics().acceptance_rate();
+  // The read the ratios are taken against, as this host does it: hosts differ mostly here
+  // (docs/performance.md), so the same step time gives different vs_read on different hosts.
+  std::size_t bytes = 0;
+  for (const auto row : given) bytes += row.size_bytes();
+  state.counters["read_us"] = 1e6 * medians.read;
+  if (medians.read > 0.0) {
+    state.counters["read_GBps"] = static_cast<double>(bytes) / medians.read / 1e9;
+  }
   specdec::reset_kernel_path();
 }
 
