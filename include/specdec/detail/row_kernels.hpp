@@ -406,8 +406,9 @@ SPECDEC_PORTABLE_KERNEL inline void build_mass_table_portable(const Source& sour
 
 /// build_mass_table_body on the active kernel path (kernel_path.hpp): the pass, its sums
 /// and a hook whose call operator is always inlined (SPECDEC_KERNEL_INLINE) run as AVX2 code
-/// where the CPU has it (a pass without a hook as AVX-512 code on the AVX-512 path),
-/// with the same results on every path. The library's hooks are named types templated on what
+/// where the CPU has it (a pass without a hook as AVX-512 code on the AVX-512 path, except
+/// over a float row's max(0, x): build_row_table_avx2 on both), with the same results on
+/// every path. The library's hooks are named types templated on what
 /// they read (row_screen_hook, the draft stage's pass hook): a lambda local to a function
 /// template would compile the pass again for every instantiation of that function.
 template <class Source, class BeforeBlock>
