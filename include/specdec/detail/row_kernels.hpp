@@ -340,19 +340,45 @@ SPECDEC_TARGET_AVX2 void build_mass_table_avx2(const Source& source, mass_table&
 #endif
 
 #if SPECDEC_DISPATCH_AVX2
-/// build_mass_table_body for weights max(0, row[j]) of a float row (the draft's table at
-/// T = 1, bonus and fallback draws), with each full block summed by explicit AVX2 code:
-/// lanes 0-7 and 8-15 in two registers, max(row[j], 0) in one instruction (a NaN entry
-/// gives the second operand, +0, as clamp_nonnegative does), the lanes added in entry
-/// order and reduced in pairwise_sum16's order. Bitwise the generic body's block sums, which
-/// the draws' walks recompute (full_block_sum). Used on the AVX2 and AVX-512 paths. On one
-/// 128k float row (2-vCPU AMD EPYC, Zen 5) the compilers' build of the generic body, which
-/// compares and masks instead of taking the maximum, measured 8.4-8.6 us as AVX2 code and
-/// 11.7-13.0 as AVX-512 code (all 16 lanes in one register), this one 7.2-7.5 (the pure
-/// read of the row: about 7).
-template <class BeforeBlock>
-SPECDEC_TARGET_AVX2 void build_row_table_avx2(const row_source<float>& source, mass_table& table,
-                                              BeforeBlock& before_block) noexcept {
+/// Whether build_float_table_avx2 builds a Source's tables: a float row's max(0, row[j]) and
+/// the float residual's max(0, s p[j] - f q[j]).
+template <class Source>
+inline constexpr bool explicit_float_table =
+    std::is_same_v<Source, row_source<float>> ||
+    std::is_same_v<Source, scaled_difference_source<float>>;
+
+/// The weights of the 8 entries at j of an explicit_float_table source, as its element(j)
+/// gives them (a function of the same target as its caller, not a lambda: a lambda does not
+/// take its enclosing function's target).
+template <class Source>
+SPECDEC_TARGET_AVX2 __attribute__((always_inline)) inline __m256 float_table_weights(
+    const Source& source, std::size_t j, __m256 zero) noexcept {
+  if constexpr (std::is_same_v<Source, row_source<float>>) {
+    return _mm256_max_ps(_mm256_loadu_ps(source.row + j), zero);
+  } else {
+    const __m256 p =
+        _mm256_mul_ps(_mm256_set1_ps(source.scale), _mm256_loadu_ps(source.target + j));
+    const __m256 q =
+        _mm256_mul_ps(_mm256_set1_ps(source.draft_scale), _mm256_loadu_ps(source.draft + j));
+    return _mm256_max_ps(_mm256_sub_ps(p, q), zero);
+  }
+}
+
+/// build_mass_table_body for the sources of explicit_float_table (the draft's table at T = 1,
+/// the bonus, fallback and residual draws), with each full block summed by explicit AVX2
+/// code: lanes 0-7 and 8-15 in two registers, the weight's max(x, 0) in one instruction (a NaN
+/// x gives the second operand, +0, as clamp_nonnegative does; s p and f q are two products
+/// and a difference, never contracted), the lanes added in entry order and reduced in
+/// pairwise_sum16's order. Bitwise the generic body's block sums, which the draws' walks
+/// recompute (full_block_sum). Used on the AVX2 and AVX-512 paths. On a 2-vCPU AMD EPYC
+/// (Zen 5), the compilers' build of the generic body compares and masks instead of taking the
+/// maximum: one 128k float row took 8.4-8.6 us as its AVX2 code and 11.7-13.0 as its AVX-512
+/// code (all 16 lanes in one register), 7.2-7.5 here (the pure read of the row: about 7); a
+/// residual over two such rows 13.5-14.3 and 17.6-17.8 us, 12.9-13.0 here.
+template <class Source, class BeforeBlock>
+SPECDEC_TARGET_AVX2 void build_float_table_avx2(const Source& source, mass_table& table,
+                                                BeforeBlock& before_block) noexcept {
+  static_assert(explicit_float_table<Source>);
   const std::size_t size = source.size();
   const std::size_t blocks = (size + kernel_block - 1) / kernel_block;
   const std::size_t blocks_per_superblock =
@@ -372,12 +398,11 @@ SPECDEC_TARGET_AVX2 void build_row_table_avx2(const row_source<float>& source, m
         mass += elementwise_block_sum<float>(source, b, size - b);
         continue;
       }
-      const float* const values = source.row + b;
       __m256 low = zero;
       __m256 high = zero;
-      for (std::size_t i = 0; i < kernel_block; i += kernel_lanes) {
-        low = _mm256_add_ps(low, _mm256_max_ps(_mm256_loadu_ps(values + i), zero));
-        high = _mm256_add_ps(high, _mm256_max_ps(_mm256_loadu_ps(values + i + 8), zero));
+      for (std::size_t i = b; i < b + kernel_block; i += kernel_lanes) {
+        low = _mm256_add_ps(low, float_table_weights(source, i, zero));
+        high = _mm256_add_ps(high, float_table_weights(source, i + 8, zero));
       }
       // pairwise_sum16: eight = lanes k + k + 8, four = eight k + k + 4, then
       // (four 0 + four 2) + (four 1 + four 3).
@@ -407,16 +432,16 @@ SPECDEC_PORTABLE_KERNEL inline void build_mass_table_portable(const Source& sour
 /// build_mass_table_body on the active kernel path (kernel_path.hpp): the pass, its sums
 /// and a hook whose call operator is always inlined (SPECDEC_KERNEL_INLINE) run as AVX2 code
 /// where the CPU has it (a pass without a hook as AVX-512 code on the AVX-512 path, except
-/// over a float row's max(0, x): build_row_table_avx2 on both), with the same results on
-/// every path. The library's hooks are named types templated on what
+/// for a float row and the float residual: build_float_table_avx2 on both), with the same
+/// results on every path. The library's hooks are named types templated on what
 /// they read (row_screen_hook, the draft stage's pass hook): a lambda local to a function
 /// template would compile the pass again for every instantiation of that function.
 template <class Source, class BeforeBlock>
 void build_mass_table_dispatch(const Source& source, mass_table& table,
                                BeforeBlock& before_block) noexcept {
 #if SPECDEC_DISPATCH_AVX2
-  if constexpr (std::is_same_v<Source, row_source<float>>) {
-    if (use_avx2_build()) return build_row_table_avx2(source, table, before_block);
+  if constexpr (explicit_float_table<Source>) {
+    if (use_avx2_build()) return build_float_table_avx2(source, table, before_block);
   }
 #endif
 #if SPECDEC_DISPATCH_AVX512
