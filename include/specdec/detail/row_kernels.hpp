@@ -290,6 +290,17 @@ struct no_block_hook {
   inline void operator()(std::size_t /*first*/, std::size_t /*count*/) const noexcept {}
 };
 
+/// A table's superblocks for a row of `size` entries: whole blocks of kernel_block entries,
+/// at most max_superblocks of them (superblock_elements and superblocks; the passes then
+/// fill cumulative_mass and total).
+SPECDEC_KERNEL_INLINE void lay_out_superblocks(mass_table& table, std::size_t size) noexcept {
+  const std::size_t blocks = (size + kernel_block - 1) / kernel_block;
+  const std::size_t blocks_per_superblock =
+      blocks == 0 ? 1 : (blocks + max_superblocks - 1) / max_superblocks;
+  table.superblock_elements = blocks_per_superblock * kernel_block;
+  table.superblocks = (blocks + blocks_per_superblock - 1) / blocks_per_superblock;
+}
+
 /// One streaming pass over the source: block sums, cumulative superblock masses, total.
 /// `before_block(first, count)` runs before each block [first, first + count) is summed
 /// (count <= kernel_block, blocks in order): work fused into the pass while the block is
@@ -299,11 +310,7 @@ template <class Source, class BeforeBlock>
 SPECDEC_KERNEL_INLINE void build_mass_table_body(const Source& source, mass_table& table,
                                                  BeforeBlock& before_block) noexcept {
   const std::size_t size = source.size();
-  const std::size_t blocks = (size + kernel_block - 1) / kernel_block;
-  const std::size_t blocks_per_superblock =
-      blocks == 0 ? 1 : (blocks + max_superblocks - 1) / max_superblocks;
-  table.superblock_elements = blocks_per_superblock * kernel_block;
-  table.superblocks = (blocks + blocks_per_superblock - 1) / blocks_per_superblock;
+  lay_out_superblocks(table, size);
   double total = 0.0;
   for (std::size_t s = 0; s < table.superblocks; ++s) {
     const std::size_t first = s * table.superblock_elements;
@@ -364,27 +371,23 @@ SPECDEC_TARGET_AVX2 __attribute__((always_inline)) inline __m256 float_table_wei
   }
 }
 
-/// build_mass_table_body for the sources of explicit_float_table (the draft's table at T = 1,
-/// the bonus, fallback and residual draws), with each full block summed by explicit AVX2
-/// code: lanes 0-7 and 8-15 in two registers, the weight's max(x, 0) in one instruction (a NaN
-/// x gives the second operand, +0, as clamp_nonnegative does; s p and f q are two products
-/// and a difference, never contracted), the lanes added in entry order and reduced in
-/// pairwise_sum16's order. Bitwise the generic body's block sums, which the draws' walks
-/// recompute (full_block_sum). Used on the AVX2 and AVX-512 paths. On a 2-vCPU AMD EPYC
-/// (Zen 5), the compilers' build of the generic body compares and masks instead of taking the
-/// maximum: one 128k float row took 8.4-8.6 us as its AVX2 code and 11.7-13.0 as its AVX-512
-/// code (all 16 lanes in one register), 7.2-7.5 here (the pure read of the row: about 7); a
-/// residual over two such rows 13.5-14.3 and 17.6-17.8 us, 12.9-13.0 here.
+/// build_mass_table_body (the same superblocks, hook calls and sums) for the sources of
+/// explicit_float_table (the draft's table at T = 1, the bonus, fallback and residual draws),
+/// with each full block summed by explicit AVX2 code: lanes 0-7 and 8-15 in two registers, the
+/// weight's max(x, 0) in one instruction (a NaN x gives the second operand, +0, as
+/// clamp_nonnegative does; s p and f q are two products and a difference, never contracted), the
+/// lanes added in entry order and reduced in pairwise_sum16's order. Bitwise the generic body's
+/// block sums, which the draws' walks recompute (full_block_sum). Used on the AVX2 and AVX-512
+/// paths. On a 2-vCPU AMD EPYC (Zen 5), the compilers' build of the generic body compares and masks
+/// instead of taking the maximum: one 128k float row took 8.4-8.6 us as its AVX2 code and 11.7-13.0
+/// as its AVX-512 code (all 16 lanes in one register), 7.2-7.5 here (the pure read of the row:
+/// about 7); a residual over two such rows 13.5-14.3 and 17.6-17.8 us, 12.9-13.0 here.
 template <class Source, class BeforeBlock>
 SPECDEC_TARGET_AVX2 void build_float_table_avx2(const Source& source, mass_table& table,
                                                 BeforeBlock& before_block) noexcept {
   static_assert(explicit_float_table<Source>);
   const std::size_t size = source.size();
-  const std::size_t blocks = (size + kernel_block - 1) / kernel_block;
-  const std::size_t blocks_per_superblock =
-      blocks == 0 ? 1 : (blocks + max_superblocks - 1) / max_superblocks;
-  table.superblock_elements = blocks_per_superblock * kernel_block;
-  table.superblocks = (blocks + blocks_per_superblock - 1) / blocks_per_superblock;
+  lay_out_superblocks(table, size);
   const __m256 zero = _mm256_setzero_ps();
   double total = 0.0;
   for (std::size_t s = 0; s < table.superblocks; ++s) {
