@@ -980,38 +980,71 @@ SPECDEC_TARGET_AVX512 inline double nucleus_total_avx512(const float* row,
 
 /// Top-p's band pass at T = 1 with apply's first pass fused into it (the keys are the
 /// weights), in one read of the row: the row's maximum and sign screen (nucleus_max_total's),
-/// nucleus_band's head and band (bitwise), and the row's positive mass as head + rest, rest
-/// the mass of the positive keys below `high`, each summed in nucleus_lanes double lanes
-/// (entry j in lane j % nucleus_lanes) combined pairwise: each entry is converted to double
-/// once, into one of the two sums.
+/// the band's ids (nucleus_band's, bitwise), the head (the mass of the entries >= `high`)
+/// and the row's positive mass. The two masses are summed as the mass tables sum
+/// (row_kernels.hpp): each block of kernel_block entries in 16 lanes of T (entry j in lane
+/// j % 16, each lane in entry order; a NaN or negative entry adds +0), the block's lanes
+/// widened into 16 double lanes, which are combined pairwise at the end. No entry is
+/// converted to double on its own: the conversions bound the pass otherwise (they share
+/// the vector port with the comparisons and the band's compress), and the pass now runs at
+/// the speed of a plain read of the row. Accuracy: each block's lanes add at most 8
+/// entries in T (7 roundings), so either mass is within 7 u_T of the exact sum of its
+/// entries (u_float = 2^-24), plus the double additions: the nucleus is then placed within
+/// that relative error of the top-p threshold, the accuracy the draws already have.
 template <class T>
 struct screened_band_found {
   max_and_total<T> screen;
   nucleus_band_found band;
 };
 
-/// Folds the packs' maxima `top`, adds the entries from j on (j a multiple of
-/// nucleus_lanes: the vector builds' end, or the whole row from 0 for the portable loops),
-/// then combines the lanes.
-template <class T, std::size_t Lanes>
-[[nodiscard]] SPECDEC_KERNEL_INLINE screened_band_found<T> screened_band_finish(
-    const T (&top)[Lanes], bool signs_passed, nucleus_lane_array& head, nucleus_lane_array& rest,
-    const T* row, std::size_t j, std::size_t size, T high, T low, std::uint32_t* band,
-    std::size_t count) noexcept {
-  T maximum = top[0];
-  for (const T value : top) maximum = maximum < value ? value : maximum;
-  for (std::size_t i = j; i < size; ++i) {
+/// The block lanes of nucleus_screened_band: 16 T lanes, one block of kernel_block entries.
+template <class T>
+using screened_block_lanes = std::array<T, nucleus_lanes>;
+
+/// Adds a block's lanes into the double lanes.
+template <class T>
+SPECDEC_KERNEL_INLINE void widen_block_lanes(const screened_block_lanes<T>& block,
+                                             nucleus_lane_array& lanes) noexcept {
+  for (std::size_t k = 0; k < nucleus_lanes; ++k) lanes[k] += static_cast<double>(block[k]);
+}
+
+/// The entries [j, end) of one block (j a multiple of nucleus_lanes) added into its lanes
+/// `head` and `total`, with the maximum, the screen and the band's ids, one by one.
+template <class T>
+SPECDEC_KERNEL_INLINE void screened_band_entries(const T* row, std::size_t j, std::size_t end,
+                                                 T high, T low, T& maximum, bool& signs_passed,
+                                                 screened_block_lanes<T>& head,
+                                                 screened_block_lanes<T>& total,
+                                                 std::uint32_t* band, std::size_t& count) noexcept {
+  for (std::size_t i = j; i < end; ++i) {
     const T value = row[i];
     const std::size_t lane = i % nucleus_lanes;
     maximum = maximum < value ? value : maximum;  // a NaN entry keeps the maximum
     signs_passed = signs_passed && value >= T(0);
-    head[lane] += value >= high ? static_cast<double>(value) : 0.0;
-    rest[lane] += (value > T(0) && value < high) ? static_cast<double>(value) : 0.0;
+    head[lane] += value >= high ? value : T(0);
+    total[lane] += value > T(0) ? value : T(0);
     band[count] = static_cast<std::uint32_t>(i);
     count += ((value >= low) & (value < high)) ? std::size_t{1} : std::size_t{0};
   }
-  const double head_mass = pairwise_sum16(head.data());
-  return {{maximum, head_mass + pairwise_sum16(rest.data()), signs_passed}, {head_mass, count}};
+}
+
+/// Folds the packs' maxima `top`, adds the last partial block from j on (j a multiple of
+/// kernel_block: the vector builds' end), then combines the lanes.
+template <class T, std::size_t Lanes>
+[[nodiscard]] SPECDEC_KERNEL_INLINE screened_band_found<T> screened_band_finish(
+    const T (&top)[Lanes], bool signs_passed, nucleus_lane_array& head, nucleus_lane_array& total,
+    const T* row, std::size_t j, std::size_t size, T high, T low, std::uint32_t* band,
+    std::size_t count) noexcept {
+  T maximum = top[0];
+  for (const T value : top) maximum = maximum < value ? value : maximum;
+  screened_block_lanes<T> head_block{};
+  screened_block_lanes<T> total_block{};
+  screened_band_entries(row, j, size, high, low, maximum, signs_passed, head_block, total_block,
+                        band, count);
+  widen_block_lanes(head_block, head);
+  widen_block_lanes(total_block, total);
+  return {{maximum, pairwise_sum16(total.data()), signs_passed},
+          {pairwise_sum16(head.data()), count}};
 }
 
 /// The portable loops (any scalar type; float rows on x86-64 take the SSE2 build).
@@ -1019,19 +1052,31 @@ template <class T>
 [[nodiscard]] SPECDEC_PORTABLE_KERNEL inline screened_band_found<T> nucleus_screened_band_loops(
     const T* row, std::size_t size, T high, T low, std::uint32_t* band) noexcept {
   nucleus_lane_array head{};
-  nucleus_lane_array rest{};
-  const T none[1] = {-std::numeric_limits<T>::infinity()};
-  return screened_band_finish(none, true, head, rest, row, 0, size, high, low, band, 0);
+  nucleus_lane_array total{};
+  T maximum = -std::numeric_limits<T>::infinity();
+  bool signs_passed = true;
+  std::size_t count = 0;
+  std::size_t j = 0;
+  for (; j + kernel_block <= size; j += kernel_block) {
+    screened_block_lanes<T> head_block{};
+    screened_block_lanes<T> total_block{};
+    screened_band_entries(row, j, j + kernel_block, high, low, maximum, signs_passed, head_block,
+                          total_block, band, count);
+    widen_block_lanes(head_block, head);
+    widen_block_lanes(total_block, total);
+  }
+  const T top[1] = {maximum};
+  return screened_band_finish(top, signs_passed, head, total, row, j, size, high, low, band, count);
 }
 
 #if defined(__SSE2__)
 SPECDEC_PORTABLE_KERNEL inline screened_band_found<float> nucleus_screened_band_sse2(
     const float* row, std::size_t size, float high, float low, std::uint32_t* band) noexcept {
-  constexpr std::size_t packs = nucleus_lanes / 2;
-  __m128d head[packs];
-  __m128d rest[packs];
+  constexpr std::size_t packs = nucleus_lanes / 4;  // float packs per 16 lanes
+  __m128d head[2 * packs];
+  __m128d total[2 * packs];
   for (auto& pack : head) pack = _mm_setzero_pd();
-  for (auto& pack : rest) pack = _mm_setzero_pd();
+  for (auto& pack : total) pack = _mm_setzero_pd();
   __m128 best = _mm_set1_ps(-std::numeric_limits<float>::infinity());
   __m128 bad = _mm_setzero_ps();
   const __m128 zero = _mm_setzero_ps();
@@ -1039,35 +1084,47 @@ SPECDEC_PORTABLE_KERNEL inline screened_band_found<float> nucleus_screened_band_
   const __m128 bottom = _mm_set1_ps(low);
   std::size_t count = 0;
   std::size_t j = 0;
-  for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
-    prefetch_ahead(row, j);
-    std::uint32_t in_band = 0;
-    for (std::size_t h = 0; h < packs / 2; ++h) {
-      const __m128 w = _mm_loadu_ps(row + j + 4 * h);
-      best = _mm_max_ps(w, best);  // a NaN lane of w keeps best
-      bad = _mm_or_ps(bad, _mm_cmpnge_ps(w, zero));
-      const __m128 below_top = _mm_cmplt_ps(w, top);
-      // Adding +0 leaves a lane as it was: an entry counts in one sum only.
-      const __m128 above = _mm_and_ps(w, _mm_cmpge_ps(w, top));
-      const __m128 under = _mm_and_ps(w, _mm_and_ps(below_top, _mm_cmpgt_ps(w, zero)));
-      head[2 * h] = _mm_add_pd(head[2 * h], _mm_cvtps_pd(above));
-      head[2 * h + 1] = _mm_add_pd(head[2 * h + 1], _mm_cvtps_pd(_mm_movehl_ps(above, above)));
-      rest[2 * h] = _mm_add_pd(rest[2 * h], _mm_cvtps_pd(under));
-      rest[2 * h + 1] = _mm_add_pd(rest[2 * h + 1], _mm_cvtps_pd(_mm_movehl_ps(under, under)));
-      const __m128 inside = _mm_and_ps(_mm_cmpge_ps(w, bottom), below_top);
-      in_band |= static_cast<std::uint32_t>(_mm_movemask_ps(inside)) << (4 * h);
+  for (; j + kernel_block <= size; j += kernel_block) {
+    __m128 head_block[packs];
+    __m128 total_block[packs];
+    for (std::size_t h = 0; h < packs; ++h) {
+      head_block[h] = _mm_setzero_ps();
+      total_block[h] = _mm_setzero_ps();
     }
-    list_mask_bits(in_band, j, band, count);
+    for (std::size_t g = j; g < j + kernel_block; g += nucleus_lanes) {
+      prefetch_ahead(row, g);
+      std::uint32_t in_band = 0;
+      for (std::size_t h = 0; h < packs; ++h) {
+        const __m128 w = _mm_loadu_ps(row + g + 4 * h);
+        best = _mm_max_ps(w, best);  // a NaN lane of w keeps best
+        bad = _mm_or_ps(bad, _mm_cmpnge_ps(w, zero));
+        const __m128 above = _mm_cmpge_ps(w, top);
+        // Adding +0 leaves a lane as it was; max(w, 0) is +0 for a NaN or negative w.
+        head_block[h] = _mm_add_ps(head_block[h], _mm_and_ps(w, above));
+        total_block[h] = _mm_add_ps(total_block[h], _mm_max_ps(w, zero));
+        const __m128 inside = _mm_andnot_ps(above, _mm_cmpge_ps(w, bottom));
+        in_band |= static_cast<std::uint32_t>(_mm_movemask_ps(inside)) << (4 * h);
+      }
+      list_mask_bits(in_band, g, band, count);
+    }
+    for (std::size_t h = 0; h < packs; ++h) {
+      head[2 * h] = _mm_add_pd(head[2 * h], _mm_cvtps_pd(head_block[h]));
+      head[2 * h + 1] =
+          _mm_add_pd(head[2 * h + 1], _mm_cvtps_pd(_mm_movehl_ps(head_block[h], head_block[h])));
+      total[2 * h] = _mm_add_pd(total[2 * h], _mm_cvtps_pd(total_block[h]));
+      total[2 * h + 1] =
+          _mm_add_pd(total[2 * h + 1], _mm_cvtps_pd(_mm_movehl_ps(total_block[h], total_block[h])));
+    }
   }
   nucleus_lane_array head_lanes;
-  nucleus_lane_array rest_lanes;
-  for (std::size_t q = 0; q < packs; ++q) {
+  nucleus_lane_array total_lanes;
+  for (std::size_t q = 0; q < 2 * packs; ++q) {
     _mm_storeu_pd(head_lanes.data() + 2 * q, head[q]);
-    _mm_storeu_pd(rest_lanes.data() + 2 * q, rest[q]);
+    _mm_storeu_pd(total_lanes.data() + 2 * q, total[q]);
   }
   alignas(16) float maxima[4];
   _mm_store_ps(maxima, best);
-  return screened_band_finish(maxima, _mm_movemask_ps(bad) == 0, head_lanes, rest_lanes, row, j,
+  return screened_band_finish(maxima, _mm_movemask_ps(bad) == 0, head_lanes, total_lanes, row, j,
                               size, high, low, band, count);
 }
 #endif
@@ -1075,11 +1132,10 @@ SPECDEC_PORTABLE_KERNEL inline screened_band_found<float> nucleus_screened_band_
 #if SPECDEC_DISPATCH_AVX2
 SPECDEC_TARGET_AVX2 inline screened_band_found<float> nucleus_screened_band_avx2(
     const float* row, std::size_t size, float high, float low, std::uint32_t* band) noexcept {
-  constexpr std::size_t packs = nucleus_lanes / 4;
-  __m256d head[packs];
-  __m256d rest[packs];
+  __m256d head[4];
+  __m256d total[4];
   for (auto& pack : head) pack = _mm256_setzero_pd();
-  for (auto& pack : rest) pack = _mm256_setzero_pd();
+  for (auto& pack : total) pack = _mm256_setzero_pd();
   __m256 best = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
   __m256 bad = _mm256_setzero_ps();
   const __m256 zero = _mm256_setzero_ps();
@@ -1089,41 +1145,48 @@ SPECDEC_TARGET_AVX2 inline screened_band_found<float> nucleus_screened_band_avx2
   const __m256i step = _mm256_set1_epi32(8);
   std::size_t count = 0;
   std::size_t j = 0;
-  for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
-    prefetch_ahead(row, j);
-    for (std::size_t h = 0; h < packs / 2; ++h) {
-      const __m256 w = _mm256_loadu_ps(row + j + 8 * h);
-      best = _mm256_max_ps(w, best);
-      bad = _mm256_or_ps(bad, _mm256_cmp_ps(w, zero, _CMP_NGE_UQ));
-      const __m256 above = _mm256_and_ps(w, _mm256_cmp_ps(w, top, _CMP_GE_OQ));
-      const __m256 below_top = _mm256_cmp_ps(w, top, _CMP_LT_OQ);
-      const __m256 under =
-          _mm256_and_ps(w, _mm256_and_ps(below_top, _mm256_cmp_ps(w, zero, _CMP_GT_OQ)));
-      head[2 * h] = _mm256_add_pd(head[2 * h], _mm256_cvtps_pd(_mm256_castps256_ps128(above)));
+  for (; j + kernel_block <= size; j += kernel_block) {
+    __m256 head_block[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 total_block[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (std::size_t g = j; g < j + kernel_block; g += nucleus_lanes) {
+      prefetch_ahead(row, g);
+      for (std::size_t h = 0; h < 2; ++h) {
+        const __m256 w = _mm256_loadu_ps(row + g + 8 * h);
+        best = _mm256_max_ps(w, best);
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(w, zero, _CMP_NGE_UQ));
+        const __m256 above = _mm256_cmp_ps(w, top, _CMP_GE_OQ);
+        head_block[h] = _mm256_add_ps(head_block[h], _mm256_and_ps(w, above));
+        total_block[h] = _mm256_add_ps(total_block[h], _mm256_max_ps(w, zero));
+        const __m256 inside = _mm256_andnot_ps(above, _mm256_cmp_ps(w, bottom, _CMP_GE_OQ));
+        const auto mask = static_cast<unsigned>(_mm256_movemask_ps(inside));
+        const __m256i order =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pack_front.lanes[mask]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(band + count),
+                            _mm256_permutevar8x32_epi32(ids, order));
+        count += static_cast<std::size_t>(std::popcount(mask));
+        ids = _mm256_add_epi32(ids, step);
+      }
+    }
+    for (std::size_t h = 0; h < 2; ++h) {
+      head[2 * h] =
+          _mm256_add_pd(head[2 * h], _mm256_cvtps_pd(_mm256_castps256_ps128(head_block[h])));
       head[2 * h + 1] =
-          _mm256_add_pd(head[2 * h + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(above, 1)));
-      rest[2 * h] = _mm256_add_pd(rest[2 * h], _mm256_cvtps_pd(_mm256_castps256_ps128(under)));
-      rest[2 * h + 1] =
-          _mm256_add_pd(rest[2 * h + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(under, 1)));
-      const __m256 inside = _mm256_and_ps(_mm256_cmp_ps(w, bottom, _CMP_GE_OQ), below_top);
-      const auto mask = static_cast<unsigned>(_mm256_movemask_ps(inside));
-      const __m256i order =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pack_front.lanes[mask]));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(band + count),
-                          _mm256_permutevar8x32_epi32(ids, order));
-      count += static_cast<std::size_t>(std::popcount(mask));
-      ids = _mm256_add_epi32(ids, step);
+          _mm256_add_pd(head[2 * h + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(head_block[h], 1)));
+      total[2 * h] =
+          _mm256_add_pd(total[2 * h], _mm256_cvtps_pd(_mm256_castps256_ps128(total_block[h])));
+      total[2 * h + 1] = _mm256_add_pd(total[2 * h + 1],
+                                       _mm256_cvtps_pd(_mm256_extractf128_ps(total_block[h], 1)));
     }
   }
   nucleus_lane_array head_lanes;
-  nucleus_lane_array rest_lanes;
-  for (std::size_t q = 0; q < packs; ++q) {
+  nucleus_lane_array total_lanes;
+  for (std::size_t q = 0; q < 4; ++q) {
     _mm256_storeu_pd(head_lanes.data() + 4 * q, head[q]);
-    _mm256_storeu_pd(rest_lanes.data() + 4 * q, rest[q]);
+    _mm256_storeu_pd(total_lanes.data() + 4 * q, total[q]);
   }
   alignas(32) float maxima[8];
   _mm256_store_ps(maxima, best);
-  return screened_band_finish(maxima, _mm256_movemask_ps(bad) == 0, head_lanes, rest_lanes, row, j,
+  return screened_band_finish(maxima, _mm256_movemask_ps(bad) == 0, head_lanes, total_lanes, row, j,
                               size, high, low, band, count);
 }
 #endif
@@ -1131,11 +1194,8 @@ SPECDEC_TARGET_AVX2 inline screened_band_found<float> nucleus_screened_band_avx2
 #if SPECDEC_DISPATCH_AVX512
 SPECDEC_TARGET_AVX512 inline screened_band_found<float> nucleus_screened_band_avx512(
     const float* row, std::size_t size, float high, float low, std::uint32_t* band) noexcept {
-  constexpr std::size_t packs = nucleus_lanes / 8;
-  __m512d head[packs];
-  __m512d rest[packs];
-  for (auto& pack : head) pack = _mm512_setzero_pd();
-  for (auto& pack : rest) pack = _mm512_setzero_pd();
+  __m512d head[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()};
+  __m512d total[2] = {_mm512_setzero_pd(), _mm512_setzero_pd()};
   __m512 best = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   __mmask16 bad = 0;
   const __m512 zero = _mm512_setzero_ps();
@@ -1143,47 +1203,49 @@ SPECDEC_TARGET_AVX512 inline screened_band_found<float> nucleus_screened_band_av
   const __m512 bottom = _mm512_set1_ps(low);
   __m512i ids = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512i step = _mm512_set1_epi32(16);
+  // Zero-masked forms with every lane on: GCC 12 warns about some unmasked ones.
+  const auto all = static_cast<__mmask16>(0xFFFFU);
   std::size_t count = 0;
   std::size_t j = 0;
-  for (; j + nucleus_lanes <= size; j += nucleus_lanes) {
-    prefetch_ahead(row, j);
-    for (std::size_t h = 0; h < packs / 2; ++h) {
-      const float* const from = row + j + 16 * h;
-      const __m512 w = _mm512_loadu_ps(from);
+  for (; j + kernel_block <= size; j += kernel_block) {
+    __m512 head_block = _mm512_setzero_ps();
+    __m512 total_block = _mm512_setzero_ps();
+    for (std::size_t g = j; g < j + kernel_block; g += nucleus_lanes) {
+      prefetch_ahead(row, g);
+      const __m512 w = _mm512_loadu_ps(row + g);
       bad = static_cast<__mmask16>(bad | _mm512_cmp_ps_mask(w, zero, _CMP_NGE_UQ));
       // A NaN lane of w keeps best (the zero-masked form: see nucleus_max_total_avx512).
-      best = _mm512_maskz_max_ps(static_cast<__mmask16>(0xFFFFU), w, best);
+      best = _mm512_maskz_max_ps(all, w, best);
       const __mmask16 above = _mm512_cmp_ps_mask(w, top, _CMP_GE_OQ);
-      const __mmask16 below_top = _mm512_cmp_ps_mask(w, top, _CMP_LT_OQ);
-      const __mmask16 under = _mm512_mask_cmp_ps_mask(below_top, w, zero, _CMP_GT_OQ);
-      // Each entry converted once, added into one of the two sums.
-      // (Zero-masked forms with every lane on: GCC 12 warns about the unmasked ones.)
-      const auto all = static_cast<__mmask8>(0xFFU);
-      const __m512d lower = _mm512_maskz_cvtps_pd(all, _mm256_loadu_ps(from));
-      const __m512d upper = _mm512_maskz_cvtps_pd(all, _mm256_loadu_ps(from + 8));
-      head[2 * h] =
-          _mm512_mask_add_pd(head[2 * h], static_cast<__mmask8>(above), head[2 * h], lower);
-      head[2 * h + 1] = _mm512_mask_add_pd(head[2 * h + 1], static_cast<__mmask8>(above >> 8U),
-                                           head[2 * h + 1], upper);
-      rest[2 * h] =
-          _mm512_mask_add_pd(rest[2 * h], static_cast<__mmask8>(under), rest[2 * h], lower);
-      rest[2 * h + 1] = _mm512_mask_add_pd(rest[2 * h + 1], static_cast<__mmask8>(under >> 8U),
-                                           rest[2 * h + 1], upper);
-      const __mmask16 inside = _mm512_mask_cmp_ps_mask(below_top, w, bottom, _CMP_GE_OQ);
+      head_block = _mm512_mask_add_ps(head_block, above, head_block, w);
+      total_block = _mm512_add_ps(total_block, _mm512_maskz_max_ps(all, w, zero));
+      const __mmask16 inside =
+          _mm512_mask_cmp_ps_mask(static_cast<__mmask16>(~above), w, bottom, _CMP_GE_OQ);
       _mm512_storeu_si512(band + count, _mm512_maskz_compress_epi32(inside, ids));
       count += static_cast<std::size_t>(std::popcount(static_cast<unsigned>(inside)));
       ids = _mm512_add_epi32(ids, step);
     }
+    // The block's 16 lanes widened into the double lanes (lanes 0-7, then 8-15; zero-masked
+    // forms with every lane on, as above).
+    const auto eight = static_cast<__mmask8>(0xFFU);
+    head[0] = _mm512_add_pd(
+        head[0], _mm512_maskz_cvtps_pd(eight, _mm512_maskz_extractf32x8_ps(eight, head_block, 0)));
+    head[1] = _mm512_add_pd(
+        head[1], _mm512_maskz_cvtps_pd(eight, _mm512_maskz_extractf32x8_ps(eight, head_block, 1)));
+    total[0] = _mm512_add_pd(total[0], _mm512_maskz_cvtps_pd(eight, _mm512_maskz_extractf32x8_ps(
+                                                                        eight, total_block, 0)));
+    total[1] = _mm512_add_pd(total[1], _mm512_maskz_cvtps_pd(eight, _mm512_maskz_extractf32x8_ps(
+                                                                        eight, total_block, 1)));
   }
   nucleus_lane_array head_lanes;
-  nucleus_lane_array rest_lanes;
-  for (std::size_t q = 0; q < packs; ++q) {
+  nucleus_lane_array total_lanes;
+  for (std::size_t q = 0; q < 2; ++q) {
     _mm512_storeu_pd(head_lanes.data() + 8 * q, head[q]);
-    _mm512_storeu_pd(rest_lanes.data() + 8 * q, rest[q]);
+    _mm512_storeu_pd(total_lanes.data() + 8 * q, total[q]);
   }
   alignas(64) float maxima[16];
   _mm512_store_ps(maxima, best);
-  return screened_band_finish(maxima, bad == 0, head_lanes, rest_lanes, row, j, size, high, low,
+  return screened_band_finish(maxima, bad == 0, head_lanes, total_lanes, row, j, size, high, low,
                               band, count);
 }
 #endif
