@@ -495,3 +495,115 @@ TEST_CASE("SpeculativeDecoder: stable draft rows give the copied path's output b
     }
   }
 }
+
+namespace {
+
+// Rows of V entries from a small bank: the row after a context is bank row
+// (7 * last token + length) % rows, so that long rows (V in the thousands) need no Markov
+// table. `Batched` adds score_draft, whose rows the decoder may read in place.
+template <bool Batched>
+class RowBankModel {
+ public:
+  RowBankModel(std::size_t vocab, std::vector<double> bank)
+      : vocab_(vocab), bank_(std::move(bank)) {}
+
+  [[nodiscard]] std::size_t vocab_size() const { return vocab_; }
+
+  std::span<const double> next_token_probabilities(std::span<const token_id> context) {
+    return row_after(context.size(), context.empty() ? 0 : context.back());
+  }
+
+  specdec::RowsView<const double> score_draft(std::span<const token_id> context,
+                                              std::span<const token_id> draft) requires Batched {
+    rows_.resize((draft.size() + 1) * vocab_);
+    for (std::size_t i = 0; i <= draft.size(); ++i) {
+      const std::size_t length = context.size() + i;
+      const token_id last = i > 0 ? draft[i - 1] : (context.empty() ? 0 : context.back());
+      const auto row = row_after(length, last);
+      std::copy(row.begin(), row.end(), rows_.begin() + static_cast<std::ptrdiff_t>(i * vocab_));
+    }
+    return {rows_.data(), draft.size() + 1, vocab_};
+  }
+
+ private:
+  [[nodiscard]] std::span<const double> row_after(std::size_t length, token_id last) const {
+    const std::size_t rows = bank_.size() / vocab_;
+    const std::size_t r = (7 * static_cast<std::size_t>(last) + length) % rows;
+    return {bank_.data() + r * vocab_, vocab_};
+  }
+
+  std::size_t vocab_;
+  std::vector<double> bank_;
+  std::vector<double> rows_;
+};
+
+// `rows` normalised rows of V entries: softmax of 2 N(0, 1) logits, or, with `levels`, of
+// logits rounded to a few levels (many equal entries: the nucleus ends among ties, and its
+// last kept id falls inside a block of 128).
+std::vector<double> row_bank(std::size_t vocab, std::size_t rows, std::uint64_t seed, bool levels) {
+  specdec::xoshiro256pp g(seed);
+  std::vector<double> bank(vocab * rows);
+  for (std::size_t r = 0; r < rows; ++r) {
+    double total = 0.0;
+    for (std::size_t j = 0; j < vocab; ++j) {
+      double logit = 2.0 * specdec::testing::standard_normal(g);
+      if (levels) logit = std::round(logit);
+      bank[r * vocab + j] = std::exp(logit);
+      total += bank[r * vocab + j];
+    }
+    for (std::size_t j = 0; j < vocab; ++j) bank[r * vocab + j] /= total;
+  }
+  return bank;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "SpeculativeDecoder: top-p target rows read in place give the written rows' output "
+    "bitwise",
+    "[speculative_decoder]") {
+  // Top-p alone at T = 1: a batched target's rows are read in place (the row, its nucleus's
+  // last key and id, and its scale), a per-prefix target's are written by the standardizer.
+  // Same tokens, sources and statistics (beta included), step after step: every pass that
+  // reads a row in place (the decisions' entries, beta, the residual and bonus draws, block
+  // verification's residual tables, their fallbacks) gives what the written row gives. Rows
+  // long enough for full blocks of 128 on both sides of the nucleus's last id and for the
+  // sampled search of long rows, with many ties at the nucleus's end; V not a multiple of
+  // 128; both verification rules, a lenient residual, validation and beta on and off. The
+  // written rows' own exactness is the chi-square of "LanguageModel drafts" above (variant 3,
+  // per-prefix targets), which also runs the in-place rows at small V (batched targets).
+  for (const std::size_t vocab : {300U, 6000U}) {
+    for (const bool levels : {false, true}) {
+      const auto target_bank = row_bank(vocab, 8, 1000 + vocab + levels, levels);
+      const auto draft_bank = row_bank(vocab, 8, 2000 + vocab + levels, levels);
+      RowBankModel<true> batched(vocab, target_bank);
+      RowBankModel<false> per_prefix(vocab, target_bank);
+      for (const double top_p : {0.9, 0.5}) {
+        for (const int rule : {0, 1, 2}) {  // block verification, Algorithm 1, lenience 0.8
+          for (const bool checks : {true, false}) {
+            RowBankModel<false> draft(vocab, draft_bank);
+            specdec::DecoderOptions options{.sampling = SamplingOptions{.top_p = top_p},
+                                            .gamma_policy = specdec::FixedGamma(4),
+                                            .validate_rows = checks,
+                                            .collect_beta = true};
+            if (rule >= 1) options.verification = specdec::verification_rule::token;
+            if (rule == 2) options.lenience = 0.8;
+            INFO("V = " << vocab << (levels ? ", levelled rows" : "") << ", top-p " << top_p
+                        << ", rule " << rule << ", checks " << checks);
+            specdec::SpeculativeDecoder in_place(batched, draft, options);
+            specdec::SpeculativeDecoder written(per_prefix, draft, options);
+            const auto a = in_place.generate(prompt, 300, 31 + vocab);
+            const auto b = written.generate(prompt, 300, 31 + vocab);
+            CHECK(a.tokens == b.tokens);
+            CHECK(a.statistics.accepted_tokens == b.statistics.accepted_tokens);
+            CHECK(a.statistics.drafted_tokens == b.statistics.drafted_tokens);
+            CHECK(a.statistics.residual_fallbacks == b.statistics.residual_fallbacks);
+            CHECK(a.statistics.beta_sum == b.statistics.beta_sum);
+            CHECK(a.statistics.beta_positions == b.statistics.beta_positions);
+            CHECK(a.statistics.accepted_tokens > 0);
+          }
+        }
+      }
+    }
+  }
+}

@@ -131,6 +131,38 @@ template <class T, class BeforeBlock = no_block_hook>
   return {draw_from_target(target, u), true, draw.mass};
 }
 
+/// draw_from_target for a top-p row read in place (nucleus_view, `size` entries): the
+/// token the written row gives, last resort included (the written row's argmax, lowest id
+/// among ties).
+template <class T>
+[[nodiscard]] token_id draw_from_nucleus(const nucleus_view<T>& p, std::size_t size,
+                                         double u) noexcept {
+  const std::size_t index = draw_index(nucleus_row_source<T>{p, size}, u);
+  if (index != no_index) return static_cast<token_id>(index);
+  std::size_t best = 0;
+  T top = p.at(0);
+  for (std::size_t j = 1; j < size; ++j) {
+    const T value = p.at(j);
+    if (value > top) {
+      top = value;
+      best = j;
+    }
+  }
+  return static_cast<token_id>(best);
+}
+
+/// residual_draw for a top-p row read in place: t ~ norm(max(0, p - f c)), bitwise the
+/// outcome of residual_draw over the written row, `before_block` fused into its pass.
+template <class T, class BeforeBlock = no_block_hook>
+[[nodiscard]] residual_outcome residual_draw_nucleus(const nucleus_view<T>& p, std::size_t size,
+                                                     std::span<const T> draft, T factor, double u,
+                                                     BeforeBlock&& before_block = {}) noexcept {
+  const indexed_draw draw =
+      draw_index(nucleus_difference_source<T>{p, draft.data(), size, factor}, u, before_block);
+  if (draw.index != no_index) return {static_cast<token_id>(draw.index), false, draw.mass};
+  return {draw_from_nucleus(p, size, u), true, draw.mass};
+}
+
 /// t ~ norm(max(0, p - l e_x)) (sample_residual_one_hot), `before_block` fused into its
 /// first pass over p.
 template <class T, class BeforeBlock = no_block_hook>

@@ -6,7 +6,10 @@
 // is standardized (or copied) into the stage when verification first reads it, so rows after
 // the first rejection cost nothing and are never checked, as when they are used in place.
 // Per-prefix rows are loaded as they come (a model's view dies at its next call). With top-k
-// truncation rows are kept as their survivors (SurvivorRows).
+// truncation rows are kept as their survivors (SurvivorRows). With top-p alone at T = 1, a
+// batched target's rows of the step's scalar type are read in place where the stage is asked
+// to (`nucleus_in_place`): loading such a row finds its nucleus (Standardizer::apply's first
+// pass and band) and keeps the row's bounds and scale (nucleus_rows), instead of writing it.
 #pragma once
 
 #include <algorithm>
@@ -43,11 +46,14 @@ class ScoreStage {
   }
 
   /// Room for `rows` rows of V entries: survivors of `width` when `sparse`, else dense
-  /// copies unless the rows are used in place.
+  /// copies unless the rows are used in place. `nucleus_in_place`: a batched target's top-p
+  /// rows at T = 1 may be read in place (the verifier then reads nucleus_rows()).
   void resize(std::size_t rows, std::size_t vocab_size, bool sparse, std::size_t width,
-              bool in_place_rows) {
+              bool in_place_rows, bool nucleus_in_place = false) {
     vocab_size_ = vocab_size;
     sparse_ = sparse;
+    nucleus_in_place_ = nucleus_in_place;
+    if (nucleus_in_place) views_.resize(rows);
     if (sparse) {
       survivors_.resize(rows, width);
       scratch_.resize(vocab_size);
@@ -67,6 +73,7 @@ class ScoreStage {
              Verify&& verify) {
     const std::size_t count = drafts.size() + 1;
     const auto loaded_already = [](std::size_t) {};
+    for (auto& view : views_) view.row = nullptr;  // no view of an earlier step's rows
     // Empty where rows are used in place or kept as survivors.
     const RowsView<const T> stage_rows(rows_.data(), rows_.empty() ? 0 : count, vocab_size_);
     if constexpr (BatchedLanguageModel<Model>) {
@@ -88,11 +95,12 @@ class ScoreStage {
           return;
         }
       }
-      // Lazily: the scored block outlives the verification.
+      // Lazily: the scored block outlives the verification (so rows read in place do too).
       std::size_t loaded = 0;
       const auto load_through = [&](std::size_t i) {
         for (; loaded <= i; ++loaded) {
-          load(std::span<const scored_scalar>(rows.row(loaded)), loaded, standardizer, checks);
+          load(std::span<const scored_scalar>(rows.row(loaded)), loaded, standardizer, checks,
+               nucleus_in_place_);
         }
       };
       verify(stage_rows, false, detail::row_loader(load_through));
@@ -103,7 +111,7 @@ class ScoreStage {
           return target.next_token_probabilities(prefix);
         });
         ++calls;
-        load(as_span(returned), i, standardizer, checks);
+        load(as_span(returned), i, standardizer, checks, false);  // the view dies
       }
       verify(stage_rows, false, detail::row_loader(loaded_already));
     }
@@ -114,12 +122,19 @@ class ScoreStage {
     return survivors_[i];
   }
 
+  /// The rows of the last score() read in place (nucleus_in_place): row i's view once it is
+  /// loaded, null where the stage wrote it.
+  [[nodiscard]] nucleus_rows<T> nucleus() const noexcept {
+    return {views_.empty() ? nullptr : views_.data()};
+  }
+
  private:
   // Checks and copies (greedy, identity) or standardizes a target row into the stage
   // (sparse: its survivors, validated inside the selection pass).
   template <class U>
   void load(std::span<const U> row, std::size_t i, Standardizer<T>& standardizer,
-            const StepChecks& checks) {
+            const StepChecks& checks, bool nucleus_in_place) {
+    if (!views_.empty()) views_[i].row = nullptr;
     if (sparse_) {
       double unused = 0.0;
       (void)survivors_.load(row, i, standardizer, std::span<T>(scratch_), checks, "target", unused);
@@ -131,6 +146,16 @@ class ScoreStage {
       checks.check_row(row, "target", i);
       std::transform(row.begin(), row.end(), destination.begin(),
                      [](U value) { return static_cast<T>(value); });
+    } else if constexpr (std::is_same_v<U, T>) {
+      if (nucleus_in_place) {
+        // Top-p alone at T = 1 leaves the nucleus's write to its caller (apply's `deferred`):
+        // the row is then read through its view.
+        detail::nucleus_keep_hook<T, T> keep;
+        (void)standardize_checked(standardizer, row, destination, checks, "target", i, &keep);
+        if (keep.out != nullptr) views_[i] = {keep.key, keep.last_key, keep.last, keep.scale};
+      } else {
+        (void)standardize_checked(standardizer, row, destination, checks, "target", i);
+      }
     } else {
       (void)standardize_checked(standardizer, row, destination, checks, "target", i);
     }
@@ -141,6 +166,8 @@ class ScoreStage {
   std::vector<T> rows_;  // p_1..p_{gamma+1} when not used in place
   SurvivorRows<T> survivors_;
   std::vector<T> scratch_;  // V entries: apply_sparse's scratch
+  bool nucleus_in_place_ = false;
+  std::vector<detail::nucleus_view<T>> views_;  // rows read in place (row null: written)
 };
 
 }  // namespace specdec

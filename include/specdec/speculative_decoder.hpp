@@ -559,8 +559,10 @@ class SpeculativeDecoder {
       }
       draft_stage_.resize(gamma, vocab_size_, how, width);
     }
+    // Top-p rows at T = 1 are read in place by the chain's verification of model drafts.
     score_stage_.resize(gamma + 1, vocab_size_, sparse, width,
-                        ScoreStage<value_type>::template in_place<TargetModel>(options_.sampling));
+                        ScoreStage<value_type>::template in_place<TargetModel>(options_.sampling),
+                        draft_is_model && !sparse);
     if (sparse) residual_.resize(width);
     step_tokens_.resize(gamma + 1);
     step_sources_.resize(gamma + 1);
@@ -664,11 +666,11 @@ class SpeculativeDecoder {
           } else if (uses_block()) {
             verdict =
                 verify_dense_block(drafts, rows, draft_stage_, in_place && options_.validate_rows,
-                                   rules, checks_, g, load_through);
+                                   rules, checks_, g, load_through, score_stage_.nucleus());
           } else {
-            verdict = verify_dense<draft_is_model>(drafts, rows, draft_stage_,
-                                                   in_place && options_.validate_rows, rules,
-                                                   checks_, g, load_through);
+            verdict = verify_dense<draft_is_model>(
+                drafts, rows, draft_stage_, in_place && options_.validate_rows, rules, checks_, g,
+                load_through, score_stage_.nucleus());
           }
         });
     result.accepted = verdict.accepted;

@@ -41,6 +41,19 @@ double standardize_checked(Standardizer<T>& standardizer, std::span<const U> row
   return top;
 }
 
+/// Target rows of top-p alone at T = 1 that the score stage reads in place (ScoreStage): the
+/// model's row with its nucleus's bounds and scale (detail::nucleus_view), which every pass
+/// reads as the written row, bitwise. at(i) is row i's view, or null where the stage wrote
+/// row i (or for every row when `views` is null); called after load_through(i).
+template <class T>
+struct nucleus_rows {
+  const detail::nucleus_view<T>* views = nullptr;
+
+  [[nodiscard]] const detail::nucleus_view<T>* at(std::size_t i) const noexcept {
+    return views != nullptr && views[i].row != nullptr ? views + i : nullptr;
+  }
+};
+
 /// The survivors of a step's rows truncated by top-k (Standardizer::apply_sparse), top_k
 /// slots per row: ids in increasing order and their standardized weights.
 template <class T>

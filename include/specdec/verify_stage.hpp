@@ -89,17 +89,20 @@ StepVerdict verify_greedy_rows(std::span<const token_id> drafts, RowsView<const 
 /// Algorithm 1 over dense target rows; q from the draft stage (model_drafts), else one-hot
 /// on each proposal. `screen`: the rows are the model's own and not yet validated; each row
 /// the step reads is then screened in the pass that reads it (p_1..p_n in their beta pass or
-/// a pass of their own, p_{n+1} in the draw's pass), and only those rows.
+/// a pass of their own, p_{n+1} in the draw's pass), and only those rows. Rows with a
+/// view in `nucleus` (model drafts only) are read through it.
 template <bool model_drafts, class T, class G>
 StepVerdict verify_dense(std::span<const token_id> drafts, RowsView<const T> target_rows,
                          const DraftStage<T>& q, bool screen, const VerifyRules& rules,
-                         const StepChecks& checks, G& g, detail::row_loader load_through) {
+                         const StepChecks& checks, G& g, detail::row_loader load_through,
+                         nucleus_rows<T> nucleus = {}) {
   const std::size_t drafted = drafts.size();
   const std::size_t vocab_size = target_rows.cols();
   const double lenience = rules.lenience;
   const auto p_at = [&](std::size_t i, std::size_t x) {
     load_through(i);
-    return static_cast<double>(target_rows(i, x));
+    const detail::nucleus_view<T>* view = nucleus.at(i);
+    return static_cast<double>(view != nullptr ? view->at(x) : target_rows(i, x));
   };
   // Unchecked entries: in-place rows are validated after the decisions (see above).
   std::size_t n = 0;
@@ -115,6 +118,17 @@ StepVerdict verify_dense(std::span<const token_id> drafts, RowsView<const T> tar
   // The whole-row reads of accepted positions: beta_i (fused with the screen), else the
   // screen alone.
   for (std::size_t i = 0; i < n; ++i) {
+    if (const detail::nucleus_view<T>* view = nucleus.at(i)) {  // validated when loaded
+      if (beta) {
+        if constexpr (model_drafts) {
+          beta_sum += detail::overlap_mass_nucleus(*view, q.row_at(i), static_cast<T>(q.scale(i)),
+                                                   vocab_size);
+        } else {
+          beta_sum += p_at(i, static_cast<std::size_t>(drafts[i]));
+        }
+      }
+      continue;
+    }
     const std::span<const T> p(target_rows.row(i));
     if (beta) {
       if constexpr (model_drafts) {
@@ -139,12 +153,46 @@ StepVerdict verify_dense(std::span<const token_id> drafts, RowsView<const T> tar
     }
   }
   // The one draw: from the residual at position n + 1, or the bonus token from p_{gamma+1}.
-  const std::span<const T> p(target_rows.row(n));
-  detail::row_screen<T> p_screen;
-  detail::row_screen_hook<T> screen_block{&p_screen, p.data()};
   const double u = uniform01<double>(g);
   StepVerdict out;
   out.accepted = n;
+  if (const detail::nucleus_view<T>* view = nucleus.at(n)) {  // validated when loaded
+    if (n < drafted) {
+      if constexpr (model_drafts) {
+        const std::span<const T> c(q.row_at(n), vocab_size);
+        const auto factor = static_cast<T>(lenience * q.scale(n));
+        detail::residual_outcome draw{};
+        if (beta && lenience == 1.0) {  // beta_{n+1} = sum p - the residual's mass
+          detail::row_screen<T> p_screen;
+          draw = detail::residual_draw_nucleus(*view, vocab_size, c, factor, u,
+                                               detail::nucleus_screen_hook<T>{&p_screen, *view});
+          beta_sum += p_screen.total() - draw.mass;
+        } else {
+          draw = detail::residual_draw_nucleus(*view, vocab_size, c, factor, u);
+          if (beta) {
+            beta_sum += detail::overlap_mass_nucleus(*view, q.row_at(n), static_cast<T>(q.scale(n)),
+                                                     vocab_size);
+          }
+        }
+        out.token = draw.token;
+        out.source = token_source::correction;
+        out.fallback = draw.fallback;
+      } else {
+        SPECDEC_ASSERT(false);  // the score stage reads rows in place for model drafts only
+      }
+    } else {
+      out.token = detail::draw_from_nucleus(*view, vocab_size, u);
+      out.source = token_source::bonus;
+    }
+    if (beta) {
+      out.beta_positions = std::min(n + 1, drafted);
+      out.beta_sum = beta_sum;
+    }
+    return out;
+  }
+  const std::span<const T> p(target_rows.row(n));
+  detail::row_screen<T> p_screen;
+  detail::row_screen_hook<T> screen_block{&p_screen, p.data()};
   if (n < drafted) {
     detail::residual_outcome draw{};
     if constexpr (model_drafts) {
@@ -192,13 +240,51 @@ StepVerdict verify_dense(std::span<const token_id> drafts, RowsView<const T> tar
 /// that builds the mass table of max(0, rho_i p_{i+1} - q_{i+1}) (Z_{i+1}, screened there
 /// when `screen`), which the residual draw walks if the scan stops at i. Accepted rows are
 /// read whole only for beta and validation, as in verify_dense; beta_{n+1} takes a pass of
-/// its own (the block residual's mass is not 1 - beta).
+/// its own (the block residual's mass is not 1 - beta). Rows with a view in `nucleus` are
+/// read through it.
 template <class T, class G>
 StepVerdict verify_dense_block(std::span<const token_id> drafts, RowsView<const T> target_rows,
                                const DraftStage<T>& q, bool screen, const VerifyRules& rules,
-                               const StepChecks& checks, G& g, detail::row_loader load_through) {
+                               const StepChecks& checks, G& g, detail::row_loader load_through,
+                               nucleus_rows<T> nucleus = {}) {
   const std::size_t drafted = drafts.size();
   const std::size_t vocab_size = target_rows.cols();
+  // p_i(x), row i loaded.
+  const auto p_at = [&](std::size_t i, std::size_t x) {
+    const detail::nucleus_view<T>* view = nucleus.at(i);
+    return static_cast<double>(view != nullptr ? view->at(x) : target_rows(i, x));
+  };
+  // A draw from p_i (a bonus token, or a fallback), row i loaded and, unless read through a
+  // view, screened when `screened`.
+  detail::row_screen<T> p_screen;
+  const auto draw_from_p = [&](std::size_t i, double u, bool screened) {
+    if (const detail::nucleus_view<T>* view = nucleus.at(i)) {
+      return detail::draw_from_nucleus(*view, vocab_size, u);
+    }
+    const std::span<const T> p = target_rows.row(i);
+    if (!screened) return detail::draw_from_target(p, u);
+    const token_id token =
+        detail::draw_from_target(p, u, detail::row_screen_hook<T>{&p_screen, p.data()});
+    checks.check_screen(p_screen, p, "target", i);
+    return token;
+  };
+  // beta_i = sum min(p_i, q_i), row i loaded; with `screened` (rows read in place) the
+  // target row is screened in the same pass.
+  const auto overlap = [&](std::size_t i, bool screened) {
+    const auto factor = static_cast<T>(q.scale(i));
+    if (const detail::nucleus_view<T>* view = nucleus.at(i)) {
+      return detail::overlap_mass_nucleus(*view, q.row_at(i), factor, vocab_size);
+    }
+    const std::span<const T> row(target_rows.row(i));
+    detail::row_screen<T> row_screen;
+    if (!screened) {
+      return detail::overlap_mass<false>(row.data(), q.row_at(i), factor, vocab_size, row_screen);
+    }
+    const double mass =
+        detail::overlap_mass<true>(row.data(), q.row_at(i), factor, vocab_size, row_screen);
+    checks.check_screen(row_screen, row, "target", i);
+    return mass;
+  };
   detail::prefix_ratios rho(drafted);
   rho[0] = 1.0;
   for (std::size_t i = 1; i <= drafted; ++i) {
@@ -208,21 +294,14 @@ StepVerdict verify_dense_block(std::span<const token_id> drafts, RowsView<const 
     }
     load_through(i - 1);
     const auto x = static_cast<std::size_t>(drafts[i - 1]);
-    rho[i] = detail::next_prefix_ratio(rho[i - 1], static_cast<double>(target_rows(i - 1, x)),
-                                       q.q(i - 1, x));
+    rho[i] = detail::next_prefix_ratio(rho[i - 1], p_at(i - 1, x), q.q(i - 1, x));
   }
   StepVerdict out;
-  detail::row_screen<T> p_screen;
-  std::span<const T> p;
-  const auto screen_block = [&] { return detail::row_screen_hook<T>{&p_screen, p.data()}; };
   std::size_t n = drafted;
   if (drafted > 0 && uniform01<double>(g) < rho[drafted]) {  // h_gamma = rho_gamma
     load_through(drafted);
-    p = target_rows.row(drafted);
     const double u = uniform01<double>(g);
-    out.token =
-        screen ? detail::draw_from_target(p, u, screen_block()) : detail::draw_from_target(p, u);
-    if (screen) checks.check_screen(p_screen, p, "target", drafted);
+    out.token = draw_from_p(drafted, u, screen);
     out.source = token_source::bonus;
   } else {
     for (std::size_t i = drafted; i-- > 0;) {
@@ -235,38 +314,53 @@ StepVerdict verify_dense_block(std::span<const token_id> drafts, RowsView<const 
       const double decision = i > 0 ? uniform01<double>(g) : 0.0;
       if (i > 0) {
         const auto x = static_cast<std::size_t>(drafts[i]);
-        const double bound = detail::block_weight_bound<T>(
-            rho[i], static_cast<double>(target_rows(i, x)), q.q(i, x));
+        const double bound = detail::block_weight_bound<T>(rho[i], p_at(i, x), q.q(i, x));
         if (!(decision < bound)) continue;
       }
-      p = target_rows.row(i);
-      const detail::scaled_difference_source<T> source{
-          p.data(), q.row_at(i), vocab_size, static_cast<T>(rho[i]), static_cast<T>(q.scale(i))};
-      detail::mass_table table;
-      p_screen = {};
-      if (screen) {
-        detail::build_mass_table(source, table, screen_block());
-        checks.check_screen(p_screen, p, "target", i);
+      // The mass table of max(0, rho_i p_{i+1} - q_{i+1}), then, if the scan stops here, the
+      // residual's draw (a fallback from p when its mass is 0).
+      const auto residual = [&](const auto& source, auto&& build) {
+        detail::mass_table table;
+        build(table);
+        if (i > 0 && !(decision < detail::block_weight(table.total, rho[i]))) return false;
+        n = i;
+        const double u = uniform01<double>(g);
+        const std::size_t index =
+            table.drawable() ? detail::draw_from_table(source, table, u) : detail::no_index;
+        out.fallback = index == detail::no_index;
+        out.token = out.fallback ? draw_from_p(i, u, false) : static_cast<token_id>(index);
+        out.source = token_source::correction;
+        return true;
+      };
+      const auto rho_i = static_cast<T>(rho[i]);
+      const auto q_scale = static_cast<T>(q.scale(i));
+      bool stopped = false;
+      if (const detail::nucleus_view<T>* view = nucleus.at(i)) {
+        const detail::nucleus_scaled_difference_source<T> source{*view, q.row_at(i), vocab_size,
+                                                                 rho_i, q_scale};
+        stopped = residual(
+            source, [&](detail::mass_table& table) { detail::build_mass_table(source, table); });
       } else {
-        detail::build_mass_table(source, table);
+        const std::span<const T> p = target_rows.row(i);
+        const detail::scaled_difference_source<T> source{p.data(), q.row_at(i), vocab_size, rho_i,
+                                                         q_scale};
+        stopped = residual(source, [&](detail::mass_table& table) {
+          if (screen) {
+            p_screen = {};
+            detail::build_mass_table(source, table,
+                                     detail::row_screen_hook<T>{&p_screen, p.data()});
+            checks.check_screen(p_screen, p, "target", i);
+          } else {
+            detail::build_mass_table(source, table);
+          }
+        });
       }
-      if (i > 0 && !(decision < detail::block_weight(table.total, rho[i]))) continue;
-      n = i;
-      const double u = uniform01<double>(g);
-      const std::size_t index =
-          table.drawable() ? detail::draw_from_table(source, table, u) : detail::no_index;
-      out.fallback = index == detail::no_index;
-      out.token = out.fallback ? detail::draw_from_target(p, u) : static_cast<token_id>(index);
-      out.source = token_source::correction;
-      break;
+      if (stopped) break;
     }
     if (drafted == 0) {  // no drafts: the bonus token from p_1
       load_through(0);
-      p = target_rows.row(0);
       const double u = uniform01<double>(g);
-      out.token =
-          screen ? detail::draw_from_target(p, u, screen_block()) : detail::draw_from_target(p, u);
-      if (screen) checks.check_screen(p_screen, p, "target", 0);
+      out.token = draw_from_p(0, u, screen);
       out.source = token_source::bonus;
       n = 0;
     }
@@ -275,26 +369,17 @@ StepVerdict verify_dense_block(std::span<const token_id> drafts, RowsView<const 
   // Accepted rows: beta (fused with their screen), else the screen alone; then beta_{n+1}.
   double beta_sum = 0.0;
   for (std::size_t i = 0; i < n; ++i) {
-    const std::span<const T> row(target_rows.row(i));
-    detail::row_screen<T> row_screen;
     if (rules.collect_beta) {
-      const auto factor = static_cast<T>(q.scale(i));
-      beta_sum += screen ? detail::overlap_mass<true>(row.data(), q.row_at(i), factor, vocab_size,
-                                                      row_screen)
-                         : detail::overlap_mass<false>(row.data(), q.row_at(i), factor, vocab_size,
-                                                       row_screen);
-      if (screen) checks.check_screen(row_screen, row, "target", i);
-    } else if (screen && !detail::plausible_probability_row(row.data(), vocab_size,
-                                                            default_sum_tolerance<T>)) {
-      checks.reject_probability_row(row, "target", i);
+      beta_sum += overlap(i, screen);
+    } else if (screen && nucleus.at(i) == nullptr) {
+      const std::span<const T> row(target_rows.row(i));
+      if (!detail::plausible_probability_row(row.data(), vocab_size, default_sum_tolerance<T>)) {
+        checks.reject_probability_row(row, "target", i);
+      }
     }
   }
   if (rules.collect_beta) {
-    if (n < drafted) {
-      detail::row_screen<T> unused;
-      beta_sum += detail::overlap_mass<false>(target_rows.row(n).data(), q.row_at(n),
-                                              static_cast<T>(q.scale(n)), vocab_size, unused);
-    }
+    if (n < drafted) beta_sum += overlap(n, false);
     out.beta_positions = std::min(n + 1, drafted);
     out.beta_sum = beta_sum;
   }

@@ -7,6 +7,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <string_view>
@@ -153,6 +154,129 @@ template <bool Screen, class T>
   return overlap_mass_portable<Screen>(target, draft, factor, size, screen);
 }
 
+/// The tail of a block of overlap_mass_nucleus_body (entries full..count of the block at
+/// `first`), p's entry j given by p_of(j), into `lanes`.
+template <class T, class POf>
+SPECDEC_KERNEL_INLINE void overlap_nucleus_tail(POf p_of, const T* draft, T factor,
+                                                std::size_t first, std::size_t full,
+                                                std::size_t count,
+                                                std::array<T, sampling_lanes>& lanes) noexcept {
+  for (std::size_t j = full; j < count; ++j) {
+    const T p = p_of(first + j);
+    const T q = factor * draft[first + j];
+    lanes[j - full] += p < q ? p : q;
+  }
+}
+
+/// One block of overlap_mass_nucleus_body: overlap_mass_body's loops over the `count`
+/// entries at `first`, p's entries those of the view: kept with >= (WithTies) or >
+/// last_key for a block on one side of the last id, on 32-byte GNU vector packs (lane for
+/// lane the scalar loops' operations: compilers do not vectorize their select), and one by
+/// one (view.at) for the block that straddles it.
+template <int Side, class T>
+[[nodiscard]] SPECDEC_KERNEL_INLINE std::array<T, sampling_lanes> overlap_nucleus_block(
+    const nucleus_view<T>& view, const T* draft, T factor, std::size_t first,
+    std::size_t count) noexcept {
+  const std::size_t full = count / sampling_lanes * sampling_lanes;
+  std::array<T, sampling_lanes> lanes{};
+#if defined(__GNUC__) || defined(__clang__)
+  if constexpr (Side != 0) {
+    using pack [[gnu::vector_size(32)]] = T;
+    constexpr std::size_t width = 32 / sizeof(T);
+    constexpr std::size_t packs = sampling_lanes / width;
+    pack sum[packs] = {};
+    const pack bound = pack{} + view.last_key;
+    for (std::size_t j = 0; j < full; j += sampling_lanes) {
+      for (std::size_t h = 0; h < packs; ++h) {
+        pack value;
+        pack c;
+        std::memcpy(&value, view.row + first + j + h * width, sizeof value);
+        std::memcpy(&c, draft + first + j + h * width, sizeof c);
+        pack p = value * view.scale;
+        if constexpr (Side > 0) {
+          p = value >= bound ? p : pack{};
+        } else {
+          p = value > bound ? p : pack{};
+        }
+        const pack q = factor == T(1) ? c : factor * c;
+        sum[h] += p < q ? p : q;
+      }
+    }
+    std::memcpy(lanes.data(), sum, sizeof sum);
+    const T* row = view.row;
+    const T bound_key = view.last_key;
+    const T s = view.scale;
+    overlap_nucleus_tail(
+        [row, bound_key, s](std::size_t j) SPECDEC_LAMBDA_INLINE {
+          const T scaled = row[j] * s;
+          const bool kept = Side > 0 ? row[j] >= bound_key : row[j] > bound_key;
+          return kept ? scaled : T(0);
+        },
+        draft, factor, first, full, count, lanes);
+    return lanes;
+  }
+#endif
+  const nucleus_view<T> p = view;
+  const auto p_of = [p](std::size_t j) SPECDEC_LAMBDA_INLINE { return p.at(j); };
+  for (std::size_t j = 0; j < full; j += sampling_lanes) {
+    for (std::size_t k = 0; k < sampling_lanes; ++k) {
+      const T entry = p_of(first + j + k);
+      const T q = factor == T(1) ? draft[first + j + k] : factor * draft[first + j + k];
+      lanes[k] += entry < q ? entry : q;
+    }
+  }
+  overlap_nucleus_tail(p_of, draft, factor, first, full, count, lanes);
+  return lanes;
+}
+
+/// overlap_mass<false> with p a nucleus_view (a top-p target row read in place): bitwise
+/// overlap_mass over the written row.
+template <class T>
+[[nodiscard]] SPECDEC_KERNEL_INLINE double overlap_mass_nucleus_body(const nucleus_view<T>& view,
+                                                                     const T* draft, T factor,
+                                                                     std::size_t size) noexcept {
+  constexpr std::size_t block = 16 * sampling_lanes;
+  std::array<double, sampling_lanes> total{};
+  for (std::size_t i = 0; i < size; i += block) {
+    const std::size_t count = size - i < block ? size - i : block;
+    std::array<T, sampling_lanes> lanes;
+    if (i + count <= view.last + 1) {
+      lanes = overlap_nucleus_block<1>(view, draft, factor, i, count);
+    } else if (i > view.last) {
+      lanes = overlap_nucleus_block<-1>(view, draft, factor, i, count);
+    } else {
+      lanes = overlap_nucleus_block<0>(view, draft, factor, i, count);
+    }
+    for (std::size_t k = 0; k < sampling_lanes; ++k) total[k] += static_cast<double>(lanes[k]);
+  }
+  return reduce_sampling_lanes(total);
+}
+
+#if SPECDEC_DISPATCH_AVX2
+template <class T>
+[[nodiscard]] SPECDEC_TARGET_AVX2 double overlap_mass_nucleus_avx2(const nucleus_view<T>& view,
+                                                                   const T* draft, T factor,
+                                                                   std::size_t size) noexcept {
+  return overlap_mass_nucleus_body(view, draft, factor, size);
+}
+#endif
+
+template <class T>
+[[nodiscard]] SPECDEC_PORTABLE_KERNEL inline double overlap_mass_nucleus_portable(
+    const nucleus_view<T>& view, const T* draft, T factor, std::size_t size) noexcept {
+  return overlap_mass_nucleus_body(view, draft, factor, size);
+}
+
+/// overlap_mass_nucleus_body on the active kernel path (the same sums on every path).
+template <class T>
+[[nodiscard]] double overlap_mass_nucleus(const nucleus_view<T>& view, const T* draft, T factor,
+                                          std::size_t size) noexcept {
+#if SPECDEC_DISPATCH_AVX2
+  if (use_avx2_build()) return overlap_mass_nucleus_avx2(view, draft, factor, size);
+#endif
+  return overlap_mass_nucleus_portable(view, draft, factor, size);
+}
+
 SPECDEC_KERNELS_END
 
 // The dispatchers' instances for float and double rows (specdec/kernel_instances.hpp).
@@ -161,7 +285,9 @@ SPECDEC_KERNELS_END
   prefix template double overlap_mass<true, T>(const T*, const T*, T, std::size_t,           \
                                                row_screen<T>&) noexcept;                     \
   prefix template double overlap_mass<false, T>(const T*, const T*, T, std::size_t,          \
-                                                row_screen<T>&) noexcept;
+                                                row_screen<T>&) noexcept;                    \
+  prefix template double overlap_mass_nucleus<T>(const nucleus_view<T>&, const T*, T,        \
+                                                 std::size_t) noexcept;
 #define SPECDEC_DECODER_KERNEL_INSTANCES(prefix) \
   SPECDEC_FOR_ROW_TYPES(SPECDEC_DECODER_KERNEL_INSTANCES_OF, prefix)
 SPECDEC_DECLARE_KERNEL_INSTANCES(SPECDEC_DECODER_KERNEL_INSTANCES)

@@ -210,6 +210,156 @@ struct scaled_difference_source {
   }
 };
 
+/// A row of top-p alone at T = 1 read in place (the decoder's target rows): entry j of the
+/// standardized row is row[j] * scale for the tokens the nucleus keeps (row[j] above
+/// last_key, or equal to it at an id <= last) and 0 for every other token, bitwise the
+/// entry detail::nucleus_keep writes. The sources below read it as their p, each bitwise
+/// the source of the same name over the written row, so that every draw, residual and beta
+/// is the one the written row gives.
+template <class T>
+struct nucleus_view {
+  const T* row;
+  T last_key;
+  std::size_t last;
+  T scale;
+
+  [[nodiscard]] inline T at(std::size_t j) const noexcept {
+    const T value = row[j];
+    const bool kept = j <= last ? value >= last_key : value > last_key;
+    const T scaled = value * scale;
+    return kept ? scaled : T(0);
+  }
+
+  /// Sum of the weights over the full block at `first` in 16 lanes (entry j in lane j % 16,
+  /// as full_block_lanes adds): weigh(p, c) turns p, entries of the standardized row, into
+  /// their weights, c the same entries of `draft` (null: none), on values or on packs
+  /// (each lane as the scalar form computes it; in place, since a function that returns
+  /// an AVX pack outside AVX code changes the ABI). The packs are GNU vectors: a comparison
+  /// and a select per entry, which compilers do not vectorize from the scalar loop. A block
+  /// that straddles `last` is summed entry by entry.
+  template <class Weigh>
+  [[nodiscard]] SPECDEC_KERNEL_INLINE double block_sum(std::size_t first, const T* draft,
+                                                       Weigh weigh) const noexcept {
+#if defined(__GNUC__) || defined(__clang__)
+    if (first + kernel_block <= last + 1) return packed_block_sum<true>(first, draft, weigh);
+    if (first > last) return packed_block_sum<false>(first, draft, weigh);
+#endif
+    lane_array<T> lanes{};
+    for (std::size_t j = first; j < first + kernel_block; ++j) {
+      T weight = at(j);
+      weigh(weight, draft != nullptr ? draft[j] : T(0));
+      lanes[j % kernel_lanes] += weight;
+    }
+    return reduce_lanes(lanes);
+  }
+
+#if defined(__GNUC__) || defined(__clang__)
+  // block_sum of a block on one side of `last`: keys compared with >= (WithTies) or >, on
+  // 32-byte packs (wider GNU vectors are compared lane by lane by GCC without AVX-512).
+  template <bool WithTies, class Weigh>
+  [[nodiscard]] SPECDEC_KERNEL_INLINE double packed_block_sum(std::size_t first, const T* draft,
+                                                              Weigh weigh) const noexcept {
+    using pack [[gnu::vector_size(32)]] = T;
+    constexpr std::size_t width = 32 / sizeof(T);
+    constexpr std::size_t packs = kernel_lanes / width;
+    pack lanes[packs] = {};
+    const pack bound = pack{} + last_key;
+    for (std::size_t i = first; i < first + kernel_block; i += kernel_lanes) {
+      for (std::size_t h = 0; h < packs; ++h) {
+        pack value;
+        std::memcpy(&value, row + i + h * width, sizeof value);
+        pack p = value * scale;
+        if constexpr (WithTies) {
+          p = value >= bound ? p : pack{};
+        } else {
+          p = value > bound ? p : pack{};
+        }
+        pack c{};
+        if (draft != nullptr) std::memcpy(&c, draft + i + h * width, sizeof c);
+        weigh(p, c);
+        lanes[h] += p;
+      }
+    }
+    lane_array<T> out;
+    std::memcpy(out.data(), lanes, sizeof lanes);
+    return reduce_lanes(out);
+  }
+#endif
+};
+
+/// row_source over a nucleus_view: weights max(0, p[j]).
+template <class T>
+struct nucleus_row_source {
+  nucleus_view<T> p;
+  std::size_t count;
+
+  [[nodiscard]] std::size_t size() const noexcept { return count; }
+  [[nodiscard]] inline T element(std::size_t j) const noexcept {
+    return clamp_nonnegative(p.at(j));
+  }
+  [[nodiscard]] SPECDEC_KERNEL_INLINE double full_block_sum(std::size_t first) const noexcept {
+    return p.block_sum(first, nullptr, [](auto& value, const auto&) SPECDEC_LAMBDA_INLINE {
+      using V = std::remove_cvref_t<decltype(value)>;
+      value = value > V{} ? value : V{};  // clamp_nonnegative, lane by lane
+    });
+  }
+};
+
+/// difference_source (factor 1) and lenient_difference_source (factor f) over a
+/// nucleus_view: weights max(0, p[j] - c[j]), max(0, p[j] - f * c[j]).
+template <class T>
+struct nucleus_difference_source {
+  nucleus_view<T> p;
+  const T* draft;
+  std::size_t count;
+  T factor;
+
+  [[nodiscard]] std::size_t size() const noexcept { return count; }
+  [[nodiscard]] inline T element(std::size_t j) const noexcept {
+    return factor == T(1) ? clamp_nonnegative(p.at(j) - draft[j])
+                          : clamp_nonnegative(p.at(j) - factor * draft[j]);
+  }
+  [[nodiscard]] SPECDEC_KERNEL_INLINE double full_block_sum(std::size_t first) const noexcept {
+    const T f = factor;
+    if (f == T(1)) {
+      return p.block_sum(first, draft, [](auto& value, const auto& c) SPECDEC_LAMBDA_INLINE {
+        using V = std::remove_cvref_t<decltype(value)>;
+        value = value - c;
+        value = value > V{} ? value : V{};
+      });
+    }
+    return p.block_sum(first, draft, [f](auto& value, const auto& c) SPECDEC_LAMBDA_INLINE {
+      using V = std::remove_cvref_t<decltype(value)>;
+      value = value - f * c;
+      value = value > V{} ? value : V{};
+    });
+  }
+};
+
+/// scaled_difference_source over a nucleus_view: weights max(0, s * p[j] - f * c[j]).
+template <class T>
+struct nucleus_scaled_difference_source {
+  nucleus_view<T> p;
+  const T* draft;
+  std::size_t count;
+  T scale;
+  T draft_scale;
+
+  [[nodiscard]] std::size_t size() const noexcept { return count; }
+  [[nodiscard]] inline T element(std::size_t j) const noexcept {
+    return clamp_nonnegative(scale * p.at(j) - draft_scale * draft[j]);
+  }
+  [[nodiscard]] SPECDEC_KERNEL_INLINE double full_block_sum(std::size_t first) const noexcept {
+    const T s = scale;
+    const T f = draft_scale;
+    return p.block_sum(first, draft, [s, f](auto& value, const auto& c) SPECDEC_LAMBDA_INLINE {
+      using V = std::remove_cvref_t<decltype(value)>;
+      value = s * value - f * c;
+      value = value > V{} ? value : V{};
+    });
+  }
+};
+
 /// Weights max(0, row[j]) except at `replaced`, whose weight is `replacement`: the residual
 /// of a one-hot draft q = e_x, max(0, p - l e_x), i.e. p with x removed when l = 1.
 template <class T>
@@ -252,7 +402,8 @@ using source_scalar_t = decltype(std::declval<const Source&>().element(0));
 
 /// Mass of the block starting at `first` (full, or the last partial block).
 template <class Source>
-[[nodiscard]] inline double block_sum(const Source& source, std::size_t first) noexcept {
+[[nodiscard]] SPECDEC_KERNEL_INLINE double block_sum(const Source& source,
+                                                     std::size_t first) noexcept {
   const std::size_t remaining = source.size() - first;
   if (remaining >= kernel_block) return source.full_block_sum(first);
   return elementwise_block_sum<source_scalar_t<Source>>(source, first, remaining);
@@ -725,7 +876,10 @@ SPECDEC_KERNELS_END
   SPECDEC_MASS_TABLE_INSTANCE(prefix, lenient_difference_source<T>, Hook)       \
   SPECDEC_MASS_TABLE_INSTANCE(prefix, scaled_target_difference_source<T>, Hook) \
   SPECDEC_MASS_TABLE_INSTANCE(prefix, scaled_difference_source<T>, Hook)        \
-  SPECDEC_MASS_TABLE_INSTANCE(prefix, replaced_entry_source<T>, Hook)
+  SPECDEC_MASS_TABLE_INSTANCE(prefix, replaced_entry_source<T>, Hook)           \
+  SPECDEC_MASS_TABLE_INSTANCE(prefix, nucleus_row_source<T>, Hook)              \
+  SPECDEC_MASS_TABLE_INSTANCE(prefix, nucleus_difference_source<T>, Hook)       \
+  SPECDEC_MASS_TABLE_INSTANCE(prefix, nucleus_scaled_difference_source<T>, Hook)
 #define SPECDEC_ROW_KERNEL_INSTANCES_OF(prefix, T)                            \
   SPECDEC_MASS_TABLE_INSTANCES(prefix, no_block_hook, T)                      \
   prefix template T span_max<true, T>(const T*, std::size_t, bool&) noexcept; \

@@ -155,6 +155,21 @@ struct row_screen_hook {
   }
 };
 
+/// row_screen_hook over a nucleus_view (a top-p target row read in place): screens each
+/// block's standardized entries, bitwise the screen of the written row (the decoder takes
+/// the row's sum from it for beta).
+template <class T>
+struct nucleus_screen_hook {
+  row_screen<T>* screen;
+  nucleus_view<T> p;
+
+  SPECDEC_KERNEL_INLINE void operator()(std::size_t first, std::size_t count) const noexcept {
+    std::array<T, kernel_block> entries;
+    for (std::size_t j = 0; j < count; ++j) entries[j] = p.at(first + j);
+    screen->add(entries.data(), count);
+  }
+};
+
 /// Largest entry of a non-empty row, NaN entries passed over (greedy's dispatched scan,
 /// span_max). A row of only NaN and -infinity entries with at least one NaN gives NaN, so
 /// that a NaN row is reported as such.
@@ -1373,7 +1388,8 @@ SPECDEC_KERNELS_END
   prefix template double nucleus_total<T>(const T*, std::size_t) noexcept;                     \
   prefix template screened_band_found<T> nucleus_screened_band<T>(const T*, std::size_t, T, T, \
                                                                   std::uint32_t*) noexcept;    \
-  SPECDEC_MASS_TABLE_INSTANCES(prefix, row_screen_hook<T>, T)
+  SPECDEC_MASS_TABLE_INSTANCES(prefix, row_screen_hook<T>, T)                                  \
+  SPECDEC_MASS_TABLE_INSTANCE(prefix, nucleus_difference_source<T>, nucleus_screen_hook<T>)
 #define SPECDEC_SAMPLING_INSTANCES(prefix)                            \
   SPECDEC_FOR_ROW_TYPE_PAIRS(SPECDEC_SAMPLING_PAIR_INSTANCES, prefix) \
   SPECDEC_FOR_ROW_TYPES(SPECDEC_SAMPLING_ROW_INSTANCES, prefix)
