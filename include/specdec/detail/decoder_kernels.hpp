@@ -169,11 +169,11 @@ SPECDEC_KERNEL_INLINE void overlap_nucleus_tail(POf p_of, const T* draft, T fact
 }
 
 /// One block of overlap_mass_nucleus_body: overlap_mass_body's loops over the `count`
-/// entries at `first`, p's entries those of the view: kept with >= (WithTies) or >
-/// last_key for a block on one side of the last id, on 32-byte GNU vector packs (lane for
-/// lane the scalar loops' operations: compilers do not vectorize their select), and one by
-/// one (view.at) for the block that straddles it.
-template <int Side, class T>
+/// entries at `first`, p's entries those of the view: kept with >= (Side 1) or > (Side -1)
+/// last_key for a block on one side of the last id, on GNU vector packs of `Bytes` (lane
+/// for lane the scalar loops' operations: compilers do not vectorize their select), and
+/// one by one (view.at) for the block that straddles it (Side 0).
+template <int Side, std::size_t Bytes, class T>
 [[nodiscard]] SPECDEC_KERNEL_INLINE std::array<T, sampling_lanes> overlap_nucleus_block(
     const nucleus_view<T>& view, const T* draft, T factor, std::size_t first,
     std::size_t count) noexcept {
@@ -181,8 +181,8 @@ template <int Side, class T>
   std::array<T, sampling_lanes> lanes{};
 #if defined(__GNUC__) || defined(__clang__)
   if constexpr (Side != 0) {
-    using pack [[gnu::vector_size(32)]] = T;
-    constexpr std::size_t width = 32 / sizeof(T);
+    using pack [[gnu::vector_size(Bytes)]] = T;
+    constexpr std::size_t width = Bytes / sizeof(T);
     constexpr std::size_t packs = sampling_lanes / width;
     pack sum[packs] = {};
     const pack bound = pack{} + view.last_key;
@@ -230,8 +230,8 @@ template <int Side, class T>
 }
 
 /// overlap_mass<false> with p a nucleus_view (a top-p target row read in place): bitwise
-/// overlap_mass over the written row.
-template <class T>
+/// overlap_mass over the written row. `Bytes`: the calling path's vector width.
+template <std::size_t Bytes, class T>
 [[nodiscard]] SPECDEC_KERNEL_INLINE double overlap_mass_nucleus_body(const nucleus_view<T>& view,
                                                                      const T* draft, T factor,
                                                                      std::size_t size) noexcept {
@@ -241,11 +241,11 @@ template <class T>
     const std::size_t count = size - i < block ? size - i : block;
     std::array<T, sampling_lanes> lanes;
     if (i + count <= view.last + 1) {
-      lanes = overlap_nucleus_block<1>(view, draft, factor, i, count);
+      lanes = overlap_nucleus_block<1, Bytes>(view, draft, factor, i, count);
     } else if (i > view.last) {
-      lanes = overlap_nucleus_block<-1>(view, draft, factor, i, count);
+      lanes = overlap_nucleus_block<-1, Bytes>(view, draft, factor, i, count);
     } else {
-      lanes = overlap_nucleus_block<0>(view, draft, factor, i, count);
+      lanes = overlap_nucleus_block<0, Bytes>(view, draft, factor, i, count);
     }
     for (std::size_t k = 0; k < sampling_lanes; ++k) total[k] += static_cast<double>(lanes[k]);
   }
@@ -257,14 +257,14 @@ template <class T>
 [[nodiscard]] SPECDEC_TARGET_AVX2 double overlap_mass_nucleus_avx2(const nucleus_view<T>& view,
                                                                    const T* draft, T factor,
                                                                    std::size_t size) noexcept {
-  return overlap_mass_nucleus_body(view, draft, factor, size);
+  return overlap_mass_nucleus_body<32>(view, draft, factor, size);
 }
 #endif
 
 template <class T>
 [[nodiscard]] SPECDEC_PORTABLE_KERNEL inline double overlap_mass_nucleus_portable(
     const nucleus_view<T>& view, const T* draft, T factor, std::size_t size) noexcept {
-  return overlap_mass_nucleus_body(view, draft, factor, size);
+  return overlap_mass_nucleus_body<16>(view, draft, factor, size);
 }
 
 /// overlap_mass_nucleus_body on the active kernel path (the same sums on every path).

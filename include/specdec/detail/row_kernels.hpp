@@ -237,12 +237,14 @@ struct nucleus_view {
   /// an AVX pack outside AVX code changes the ABI). The packs are GNU vectors: a comparison
   /// and a select per entry, which compilers do not vectorize from the scalar loop. A block
   /// that straddles `last` is summed entry by entry.
-  template <class Weigh>
+  template <std::size_t Bytes, class Weigh>
   [[nodiscard]] SPECDEC_KERNEL_INLINE double block_sum(std::size_t first, const T* draft,
                                                        Weigh weigh) const noexcept {
 #if defined(__GNUC__) || defined(__clang__)
-    if (first + kernel_block <= last + 1) return packed_block_sum<true>(first, draft, weigh);
-    if (first > last) return packed_block_sum<false>(first, draft, weigh);
+    if (first + kernel_block <= last + 1) {
+      return packed_block_sum<Bytes, true>(first, draft, weigh);
+    }
+    if (first > last) return packed_block_sum<Bytes, false>(first, draft, weigh);
 #endif
     lane_array<T> lanes{};
     for (std::size_t j = first; j < first + kernel_block; ++j) {
@@ -255,12 +257,13 @@ struct nucleus_view {
 
 #if defined(__GNUC__) || defined(__clang__)
   // block_sum of a block on one side of `last`: keys compared with >= (WithTies) or >, on
-  // 32-byte packs (wider GNU vectors are compared lane by lane by GCC without AVX-512).
-  template <bool WithTies, class Weigh>
+  // packs of `Bytes`, the calling path's vector width (GCC compares wider GNU vectors lane
+  // by lane).
+  template <std::size_t Bytes, bool WithTies, class Weigh>
   [[nodiscard]] SPECDEC_KERNEL_INLINE double packed_block_sum(std::size_t first, const T* draft,
                                                               Weigh weigh) const noexcept {
-    using pack [[gnu::vector_size(32)]] = T;
-    constexpr std::size_t width = 32 / sizeof(T);
+    using pack [[gnu::vector_size(Bytes)]] = T;
+    constexpr std::size_t width = Bytes / sizeof(T);
     constexpr std::size_t packs = kernel_lanes / width;
     pack lanes[packs] = {};
     const pack bound = pack{} + last_key;
@@ -297,11 +300,13 @@ struct nucleus_row_source {
   [[nodiscard]] inline T element(std::size_t j) const noexcept {
     return clamp_nonnegative(p.at(j));
   }
+  template <std::size_t Bytes = 16>
   [[nodiscard]] SPECDEC_KERNEL_INLINE double full_block_sum(std::size_t first) const noexcept {
-    return p.block_sum(first, nullptr, [](auto& value, const auto&) SPECDEC_LAMBDA_INLINE {
-      using V = std::remove_cvref_t<decltype(value)>;
-      value = value > V{} ? value : V{};  // clamp_nonnegative, lane by lane
-    });
+    return p.template block_sum<Bytes>(
+        first, nullptr, [](auto& value, const auto&) SPECDEC_LAMBDA_INLINE {
+          using V = std::remove_cvref_t<decltype(value)>;
+          value = value > V{} ? value : V{};  // clamp_nonnegative, lane by lane
+        });
   }
 };
 
@@ -319,20 +324,23 @@ struct nucleus_difference_source {
     return factor == T(1) ? clamp_nonnegative(p.at(j) - draft[j])
                           : clamp_nonnegative(p.at(j) - factor * draft[j]);
   }
+  template <std::size_t Bytes = 16>
   [[nodiscard]] SPECDEC_KERNEL_INLINE double full_block_sum(std::size_t first) const noexcept {
     const T f = factor;
     if (f == T(1)) {
-      return p.block_sum(first, draft, [](auto& value, const auto& c) SPECDEC_LAMBDA_INLINE {
-        using V = std::remove_cvref_t<decltype(value)>;
-        value = value - c;
-        value = value > V{} ? value : V{};
-      });
+      return p.template block_sum<Bytes>(first, draft,
+                                         [](auto& value, const auto& c) SPECDEC_LAMBDA_INLINE {
+                                           using V = std::remove_cvref_t<decltype(value)>;
+                                           value = value - c;
+                                           value = value > V{} ? value : V{};
+                                         });
     }
-    return p.block_sum(first, draft, [f](auto& value, const auto& c) SPECDEC_LAMBDA_INLINE {
-      using V = std::remove_cvref_t<decltype(value)>;
-      value = value - f * c;
-      value = value > V{} ? value : V{};
-    });
+    return p.template block_sum<Bytes>(first, draft,
+                                       [f](auto& value, const auto& c) SPECDEC_LAMBDA_INLINE {
+                                         using V = std::remove_cvref_t<decltype(value)>;
+                                         value = value - f * c;
+                                         value = value > V{} ? value : V{};
+                                       });
   }
 };
 
@@ -349,14 +357,16 @@ struct nucleus_scaled_difference_source {
   [[nodiscard]] inline T element(std::size_t j) const noexcept {
     return clamp_nonnegative(scale * p.at(j) - draft_scale * draft[j]);
   }
+  template <std::size_t Bytes = 16>
   [[nodiscard]] SPECDEC_KERNEL_INLINE double full_block_sum(std::size_t first) const noexcept {
     const T s = scale;
     const T f = draft_scale;
-    return p.block_sum(first, draft, [s, f](auto& value, const auto& c) SPECDEC_LAMBDA_INLINE {
-      using V = std::remove_cvref_t<decltype(value)>;
-      value = s * value - f * c;
-      value = value > V{} ? value : V{};
-    });
+    return p.template block_sum<Bytes>(first, draft,
+                                       [s, f](auto& value, const auto& c) SPECDEC_LAMBDA_INLINE {
+                                         using V = std::remove_cvref_t<decltype(value)>;
+                                         value = s * value - f * c;
+                                         value = value > V{} ? value : V{};
+                                       });
   }
 };
 
@@ -400,12 +410,20 @@ inline double replaced_entry_source<T>::full_block_sum(std::size_t first) const 
 template <class Source>
 using source_scalar_t = decltype(std::declval<const Source&>().element(0));
 
-/// Mass of the block starting at `first` (full, or the last partial block).
-template <class Source>
+/// Mass of the block starting at `first` (full, or the last partial block). `Bytes`: the
+/// calling path's vector width, for the sources whose full blocks are written on GNU
+/// vector packs (the nucleus sources; the same sums at every width).
+template <std::size_t Bytes = 16, class Source>
 [[nodiscard]] SPECDEC_KERNEL_INLINE double block_sum(const Source& source,
                                                      std::size_t first) noexcept {
   const std::size_t remaining = source.size() - first;
-  if (remaining >= kernel_block) return source.full_block_sum(first);
+  if (remaining >= kernel_block) {
+    if constexpr (requires { source.template full_block_sum<Bytes>(first); }) {
+      return source.template full_block_sum<Bytes>(first);
+    } else {
+      return source.full_block_sum(first);
+    }
+  }
   return elementwise_block_sum<source_scalar_t<Source>>(source, first, remaining);
 }
 
@@ -457,7 +475,7 @@ SPECDEC_KERNEL_INLINE void lay_out_superblocks(mass_table& table, std::size_t si
 /// (count <= kernel_block, blocks in order): work fused into the pass while the block is
 /// in L1, e.g. writing the block's entries that the source then reads, or screening a row
 /// for validation. It may write only the block it is given.
-template <class Source, class BeforeBlock>
+template <std::size_t Bytes, class Source, class BeforeBlock>
 SPECDEC_KERNEL_INLINE void build_mass_table_body(const Source& source, mass_table& table,
                                                  BeforeBlock& before_block) noexcept {
   const std::size_t size = source.size();
@@ -470,7 +488,7 @@ SPECDEC_KERNEL_INLINE void build_mass_table_body(const Source& source, mass_tabl
     double mass = 0.0;
     for (std::size_t b = first; b < last; b += kernel_block) {
       before_block(b, last - b < kernel_block ? last - b : kernel_block);
-      mass += block_sum(source, b);
+      mass += block_sum<Bytes>(source, b);
     }
     total += mass;
     table.cumulative_mass[s] = total;
@@ -486,14 +504,14 @@ template <class Source>
 SPECDEC_TARGET_AVX512 void build_mass_table_avx512(const Source& source,
                                                    mass_table& table) noexcept {
   no_block_hook none;
-  build_mass_table_body(source, table, none);
+  build_mass_table_body<32>(source, table, none);
 }
 #endif
 #if SPECDEC_DISPATCH_AVX2
 template <class Source, class BeforeBlock>
 SPECDEC_TARGET_AVX2 void build_mass_table_avx2(const Source& source, mass_table& table,
                                                BeforeBlock& before_block) noexcept {
-  build_mass_table_body(source, table, before_block);
+  build_mass_table_body<32>(source, table, before_block);
 }
 #endif
 
@@ -580,7 +598,7 @@ template <class Source, class BeforeBlock>
 SPECDEC_PORTABLE_KERNEL inline void build_mass_table_portable(const Source& source,
                                                               mass_table& table,
                                                               BeforeBlock& before_block) noexcept {
-  build_mass_table_body(source, table, before_block);
+  build_mass_table_body<16>(source, table, before_block);
 }
 
 /// build_mass_table_body on the active kernel path (kernel_path.hpp): the pass, its sums
