@@ -89,8 +89,9 @@ StepVerdict verify_greedy_rows(std::span<const token_id> drafts, RowsView<const 
 /// Algorithm 1 over dense target rows; q from the draft stage (model_drafts), else one-hot
 /// on each proposal. `screen`: the rows are the model's own and not yet validated; each row
 /// the step reads is then screened in the pass that reads it (p_1..p_n in their beta pass or
-/// a pass of their own, p_{n+1} in the draw's pass), and only those rows. Rows with a
-/// view in `nucleus` (model drafts only) are read through it.
+/// a pass of their own, p_{n+1} in the draw's pass), and only those rows. With model drafts,
+/// rows with a view in `nucleus` are read through it (the score stage keeps views for model
+/// drafts only: proposals never consult them).
 template <bool model_drafts, class T, class G>
 StepVerdict verify_dense(std::span<const token_id> drafts, RowsView<const T> target_rows,
                          const DraftStage<T>& q, bool screen, const VerifyRules& rules,
@@ -99,9 +100,15 @@ StepVerdict verify_dense(std::span<const token_id> drafts, RowsView<const T> tar
   const std::size_t drafted = drafts.size();
   const std::size_t vocab_size = target_rows.cols();
   const double lenience = rules.lenience;
+  // Row i's view, row i loaded (model drafts only).
+  const auto view_of = [&nucleus](std::size_t i) -> const detail::nucleus_view<T>* {
+    if constexpr (model_drafts) return nucleus.at(i);
+    static_cast<void>(i);
+    return nullptr;
+  };
   const auto p_at = [&](std::size_t i, std::size_t x) {
     load_through(i);
-    const detail::nucleus_view<T>* view = nucleus.at(i);
+    const detail::nucleus_view<T>* view = view_of(i);
     return static_cast<double>(view != nullptr ? view->at(x) : target_rows(i, x));
   };
   // Unchecked entries: in-place rows are validated after the decisions (see above).
@@ -118,14 +125,10 @@ StepVerdict verify_dense(std::span<const token_id> drafts, RowsView<const T> tar
   // The whole-row reads of accepted positions: beta_i (fused with the screen), else the
   // screen alone.
   for (std::size_t i = 0; i < n; ++i) {
-    if (const detail::nucleus_view<T>* view = nucleus.at(i)) {  // validated when loaded
+    if (const detail::nucleus_view<T>* view = view_of(i)) {  // validated when loaded
       if (beta) {
-        if constexpr (model_drafts) {
-          beta_sum += detail::overlap_mass_nucleus(*view, q.row_at(i), static_cast<T>(q.scale(i)),
-                                                   vocab_size);
-        } else {
-          beta_sum += p_at(i, static_cast<std::size_t>(drafts[i]));
-        }
+        beta_sum += detail::overlap_mass_nucleus(*view, q.row_at(i), static_cast<T>(q.scale(i)),
+                                                 vocab_size);
       }
       continue;
     }
@@ -156,30 +159,26 @@ StepVerdict verify_dense(std::span<const token_id> drafts, RowsView<const T> tar
   const double u = uniform01<double>(g);
   StepVerdict out;
   out.accepted = n;
-  if (const detail::nucleus_view<T>* view = nucleus.at(n)) {  // validated when loaded
+  if (const detail::nucleus_view<T>* view = view_of(n)) {  // validated when loaded
     if (n < drafted) {
-      if constexpr (model_drafts) {
-        const std::span<const T> c(q.row_at(n), vocab_size);
-        const auto factor = static_cast<T>(lenience * q.scale(n));
-        detail::residual_outcome draw{};
-        if (beta && lenience == 1.0) {  // beta_{n+1} = sum p - the residual's mass
-          detail::row_screen<T> p_screen;
-          draw = detail::residual_draw_nucleus(*view, vocab_size, c, factor, u,
-                                               detail::nucleus_screen_hook<T>{&p_screen, *view});
-          beta_sum += p_screen.total() - draw.mass;
-        } else {
-          draw = detail::residual_draw_nucleus(*view, vocab_size, c, factor, u);
-          if (beta) {
-            beta_sum += detail::overlap_mass_nucleus(*view, q.row_at(n), static_cast<T>(q.scale(n)),
-                                                     vocab_size);
-          }
-        }
-        out.token = draw.token;
-        out.source = token_source::correction;
-        out.fallback = draw.fallback;
+      const std::span<const T> c(q.row_at(n), vocab_size);
+      const auto factor = static_cast<T>(lenience * q.scale(n));
+      detail::residual_outcome draw{};
+      if (beta && lenience == 1.0) {  // beta_{n+1} = sum p - the residual's mass
+        detail::row_screen<T> p_screen;
+        draw = detail::residual_draw_nucleus(*view, vocab_size, c, factor, u,
+                                             detail::nucleus_screen_hook<T>{&p_screen, *view});
+        beta_sum += p_screen.total() - draw.mass;
       } else {
-        SPECDEC_ASSERT(false);  // the score stage reads rows in place for model drafts only
+        draw = detail::residual_draw_nucleus(*view, vocab_size, c, factor, u);
+        if (beta) {
+          beta_sum += detail::overlap_mass_nucleus(*view, q.row_at(n), static_cast<T>(q.scale(n)),
+                                                   vocab_size);
+        }
       }
+      out.token = draw.token;
+      out.source = token_source::correction;
+      out.fallback = draw.fallback;
     } else {
       out.token = detail::draw_from_nucleus(*view, vocab_size, u);
       out.source = token_source::bonus;
