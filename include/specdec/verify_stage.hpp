@@ -101,7 +101,7 @@ StepVerdict verify_dense(std::span<const token_id> drafts, RowsView<const T> tar
   const std::size_t vocab_size = target_rows.cols();
   const double lenience = rules.lenience;
   // Row i's view, row i loaded (model drafts only).
-  const auto view_of = [&nucleus](std::size_t i) -> const detail::nucleus_view<T>* {
+  const auto view_of = [&](std::size_t i) -> const detail::nucleus_view<T>* {
     if constexpr (model_drafts) return nucleus.at(i);
     static_cast<void>(i);
     return nullptr;
