@@ -57,6 +57,17 @@ using specdec::testing::truncated_sampling;
 
 const std::vector<token_id>& prompt = specdec::testing::sequence_prompt;
 
+// Two decoders' runs that must agree bitwise: tokens and statistics, beta included.
+template <class Result>
+void check_same_output(const Result& a, const Result& b) {
+  CHECK(a.tokens == b.tokens);
+  CHECK(a.statistics.accepted_tokens == b.statistics.accepted_tokens);
+  CHECK(a.statistics.drafted_tokens == b.statistics.drafted_tokens);
+  CHECK(a.statistics.residual_fallbacks == b.statistics.residual_fallbacks);
+  CHECK(a.statistics.beta_sum == b.statistics.beta_sum);
+  CHECK(a.statistics.beta_positions == b.statistics.beta_positions);
+}
+
 }  // namespace
 
 TEST_CASE("SpeculativeDecoder exactness: LanguageModel drafts", "[speculative_decoder]") {
@@ -481,13 +492,8 @@ TEST_CASE("SpeculativeDecoder: stable draft rows give the copied path's output b
         const auto compare = [&](auto& target) {
           specdec::SpeculativeDecoder in_place(target, stable, options);
           specdec::SpeculativeDecoder with_copy(target, copied, options);
-          const auto a = in_place.generate(prompt, 400, 17 + gamma);
-          const auto b = with_copy.generate(prompt, 400, 17 + gamma);
-          CHECK(a.tokens == b.tokens);
-          CHECK(a.statistics.accepted_tokens == b.statistics.accepted_tokens);
-          CHECK(a.statistics.drafted_tokens == b.statistics.drafted_tokens);
-          CHECK(a.statistics.beta_sum == b.statistics.beta_sum);
-          CHECK(a.statistics.beta_positions == b.statistics.beta_positions);
+          check_same_output(in_place.generate(prompt, 400, 17 + gamma),
+                            with_copy.generate(prompt, 400, 17 + gamma));
         };
         compare(batched);
         compare(per_prefix);
@@ -593,13 +599,7 @@ TEST_CASE(
             specdec::SpeculativeDecoder in_place(batched, draft, options);
             specdec::SpeculativeDecoder written(per_prefix, draft, options);
             const auto a = in_place.generate(prompt, 300, 31 + vocab);
-            const auto b = written.generate(prompt, 300, 31 + vocab);
-            CHECK(a.tokens == b.tokens);
-            CHECK(a.statistics.accepted_tokens == b.statistics.accepted_tokens);
-            CHECK(a.statistics.drafted_tokens == b.statistics.drafted_tokens);
-            CHECK(a.statistics.residual_fallbacks == b.statistics.residual_fallbacks);
-            CHECK(a.statistics.beta_sum == b.statistics.beta_sum);
-            CHECK(a.statistics.beta_positions == b.statistics.beta_positions);
+            check_same_output(a, written.generate(prompt, 300, 31 + vocab));
             CHECK(a.statistics.accepted_tokens > 0);
           }
         }

@@ -157,8 +157,8 @@ template <class T, class BeforeBlock = no_block_hook>
 [[nodiscard]] residual_outcome residual_draw_nucleus(const nucleus_view<T>& p, std::size_t size,
                                                      std::span<const T> draft, T factor, double u,
                                                      BeforeBlock&& before_block = {}) noexcept {
-  const indexed_draw draw =
-      draw_index(nucleus_difference_source<T>{p, draft.data(), size, factor}, u, before_block);
+  const indexed_draw draw = draw_index(
+      nucleus_scaled_difference_source<T>{p, draft.data(), size, T(1), factor}, u, before_block);
   if (draw.index != no_index) return {static_cast<token_id>(draw.index), false, draw.mass};
   return {draw_from_nucleus(p, size, u), true, draw.mass};
 }

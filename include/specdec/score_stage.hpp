@@ -52,8 +52,7 @@ class ScoreStage {
               bool in_place_rows, bool nucleus_in_place = false) {
     vocab_size_ = vocab_size;
     sparse_ = sparse;
-    nucleus_in_place_ = nucleus_in_place;
-    if (nucleus_in_place) views_.resize(rows);
+    views_.resize(nucleus_in_place ? rows : 0);
     if (sparse) {
       survivors_.resize(rows, width);
       scratch_.resize(vocab_size);
@@ -100,7 +99,7 @@ class ScoreStage {
       const auto load_through = [&](std::size_t i) {
         for (; loaded <= i; ++loaded) {
           load(std::span<const scored_scalar>(rows.row(loaded)), loaded, standardizer, checks,
-               nucleus_in_place_);
+               !views_.empty());
         }
       };
       verify(stage_rows, false, detail::row_loader(load_through));
@@ -134,7 +133,6 @@ class ScoreStage {
   template <class U>
   void load(std::span<const U> row, std::size_t i, Standardizer<T>& standardizer,
             const StepChecks& checks, bool nucleus_in_place) {
-    if (!views_.empty()) views_[i].row = nullptr;
     if (sparse_) {
       double unused = 0.0;
       (void)survivors_.load(row, i, standardizer, std::span<T>(scratch_), checks, "target", unused);
@@ -166,8 +164,8 @@ class ScoreStage {
   std::vector<T> rows_;  // p_1..p_{gamma+1} when not used in place
   SurvivorRows<T> survivors_;
   std::vector<T> scratch_;  // V entries: apply_sparse's scratch
-  bool nucleus_in_place_ = false;
-  std::vector<detail::nucleus_view<T>> views_;  // rows read in place (row null: written)
+  // Rows read in place (row null: written); empty unless resize asked for them.
+  std::vector<detail::nucleus_view<T>> views_;
 };
 
 }  // namespace specdec

@@ -154,20 +154,6 @@ template <bool Screen, class T>
   return overlap_mass_portable<Screen>(target, draft, factor, size, screen);
 }
 
-/// The tail of a block of overlap_mass_nucleus_body (entries full..count of the block at
-/// `first`), p's entry j given by p_of(j), into `lanes`.
-template <class T, class POf>
-SPECDEC_KERNEL_INLINE void overlap_nucleus_tail(POf p_of, const T* draft, T factor,
-                                                std::size_t first, std::size_t full,
-                                                std::size_t count,
-                                                std::array<T, sampling_lanes>& lanes) noexcept {
-  for (std::size_t j = full; j < count; ++j) {
-    const T p = p_of(first + j);
-    const T q = factor * draft[first + j];
-    lanes[j - full] += p < q ? p : q;
-  }
-}
-
 /// One block of overlap_mass_nucleus_body: overlap_mass_body's loops over the `count`
 /// entries at `first`, p's entries those of the view: kept with >= (Side 1) or > (Side -1)
 /// last_key for a block on one side of the last id, on GNU vector packs of `Bytes` (lane
@@ -179,6 +165,7 @@ template <int Side, std::size_t Bytes, class T>
     std::size_t count) noexcept {
   const std::size_t full = count / sampling_lanes * sampling_lanes;
   std::array<T, sampling_lanes> lanes{};
+  bool packed = false;  // [0, full) summed on packs
 #if defined(__GNUC__) || defined(__clang__)
   if constexpr (Side != 0) {
     using pack [[gnu::vector_size(Bytes)]] = T;
@@ -203,29 +190,21 @@ template <int Side, std::size_t Bytes, class T>
       }
     }
     std::memcpy(lanes.data(), sum, sizeof sum);
-    const T* row = view.row;
-    const T bound_key = view.last_key;
-    const T s = view.scale;
-    overlap_nucleus_tail(
-        [row, bound_key, s](std::size_t j) SPECDEC_LAMBDA_INLINE {
-          const T scaled = row[j] * s;
-          const bool kept = Side > 0 ? row[j] >= bound_key : row[j] > bound_key;
-          return kept ? scaled : T(0);
-        },
-        draft, factor, first, full, count, lanes);
-    return lanes;
+    packed = true;
   }
 #endif
-  const nucleus_view<T> p = view;
-  const auto p_of = [p](std::size_t j) SPECDEC_LAMBDA_INLINE { return p.at(j); };
-  for (std::size_t j = 0; j < full; j += sampling_lanes) {
+  for (std::size_t j = 0; j < full && !packed; j += sampling_lanes) {
     for (std::size_t k = 0; k < sampling_lanes; ++k) {
-      const T entry = p_of(first + j + k);
+      const T entry = view.at(first + j + k);
       const T q = factor == T(1) ? draft[first + j + k] : factor * draft[first + j + k];
       lanes[k] += entry < q ? entry : q;
     }
   }
-  overlap_nucleus_tail(p_of, draft, factor, first, full, count, lanes);
+  for (std::size_t j = full; j < count; ++j) {  // overlap_mass_body's tail
+    const T entry = view.at(first + j);
+    const T q = factor * draft[first + j];
+    lanes[j - full] += entry < q ? entry : q;
+  }
   return lanes;
 }
 

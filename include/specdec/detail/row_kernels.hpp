@@ -310,41 +310,9 @@ struct nucleus_row_source {
   }
 };
 
-/// difference_source (factor 1) and lenient_difference_source (factor f) over a
-/// nucleus_view: weights max(0, p[j] - c[j]), max(0, p[j] - f * c[j]).
-template <class T>
-struct nucleus_difference_source {
-  nucleus_view<T> p;
-  const T* draft;
-  std::size_t count;
-  T factor;
-
-  [[nodiscard]] std::size_t size() const noexcept { return count; }
-  [[nodiscard]] inline T element(std::size_t j) const noexcept {
-    return factor == T(1) ? clamp_nonnegative(p.at(j) - draft[j])
-                          : clamp_nonnegative(p.at(j) - factor * draft[j]);
-  }
-  template <std::size_t Bytes = 16>
-  [[nodiscard]] SPECDEC_KERNEL_INLINE double full_block_sum(std::size_t first) const noexcept {
-    const T f = factor;
-    if (f == T(1)) {
-      return p.template block_sum<Bytes>(first, draft,
-                                         [](auto& value, const auto& c) SPECDEC_LAMBDA_INLINE {
-                                           using V = std::remove_cvref_t<decltype(value)>;
-                                           value = value - c;
-                                           value = value > V{} ? value : V{};
-                                         });
-    }
-    return p.template block_sum<Bytes>(first, draft,
-                                       [f](auto& value, const auto& c) SPECDEC_LAMBDA_INLINE {
-                                         using V = std::remove_cvref_t<decltype(value)>;
-                                         value = value - f * c;
-                                         value = value > V{} ? value : V{};
-                                       });
-  }
-};
-
-/// scaled_difference_source over a nucleus_view: weights max(0, s * p[j] - f * c[j]).
+/// scaled_difference_source over a nucleus_view: weights max(0, s * p[j] - f * c[j]). With
+/// s = 1 also difference_source (f = 1) and lenient_difference_source (f = l), bitwise: 1 * p
+/// is p and 1 * c is c.
 template <class T>
 struct nucleus_scaled_difference_source {
   nucleus_view<T> p;
@@ -896,7 +864,6 @@ SPECDEC_KERNELS_END
   SPECDEC_MASS_TABLE_INSTANCE(prefix, scaled_difference_source<T>, Hook)        \
   SPECDEC_MASS_TABLE_INSTANCE(prefix, replaced_entry_source<T>, Hook)           \
   SPECDEC_MASS_TABLE_INSTANCE(prefix, nucleus_row_source<T>, Hook)              \
-  SPECDEC_MASS_TABLE_INSTANCE(prefix, nucleus_difference_source<T>, Hook)       \
   SPECDEC_MASS_TABLE_INSTANCE(prefix, nucleus_scaled_difference_source<T>, Hook)
 #define SPECDEC_ROW_KERNEL_INSTANCES_OF(prefix, T)                            \
   SPECDEC_MASS_TABLE_INSTANCES(prefix, no_block_hook, T)                      \

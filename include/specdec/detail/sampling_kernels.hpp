@@ -732,6 +732,18 @@ struct pack_front_table {
 };
 inline constexpr pack_front_table pack_front{};
 
+/// Stores the ids of the lanes of `inside` (8 ids in `ids`) packed to the front at
+/// band + count, all 8 lanes (the band has nucleus_band_slack of room), and counts them.
+SPECDEC_TARGET_AVX2 __attribute__((always_inline)) inline void list_band_avx2(
+    __m256 inside, __m256i ids, std::uint32_t* band, std::size_t& count) noexcept {
+  const auto mask = static_cast<unsigned>(_mm256_movemask_ps(inside));
+  const __m256i order =
+      _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pack_front.lanes[mask]));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(band + count),
+                      _mm256_permutevar8x32_epi32(ids, order));
+  count += static_cast<std::size_t>(std::popcount(mask));
+}
+
 template <bool KeyIsWeight>
 SPECDEC_TARGET_AVX2 nucleus_band_found nucleus_band_avx2(const float* key, const float* weights,
                                                          std::size_t size, float high, float low,
@@ -757,13 +769,7 @@ SPECDEC_TARGET_AVX2 nucleus_band_found nucleus_band_avx2(const float* key, const
           _mm256_add_pd(sum[2 * h + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(kept, 1)));
       const __m256 inside =
           _mm256_and_ps(_mm256_cmp_ps(k, bottom, _CMP_GE_OQ), _mm256_cmp_ps(k, top, _CMP_LT_OQ));
-      // The band's ids packed to the front, all 8 lanes stored (the band has room).
-      const auto mask = static_cast<unsigned>(_mm256_movemask_ps(inside));
-      const __m256i order =
-          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pack_front.lanes[mask]));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(band + count),
-                          _mm256_permutevar8x32_epi32(ids, order));
-      count += static_cast<std::size_t>(std::popcount(mask));
+      list_band_avx2(inside, ids, band, count);
       ids = _mm256_add_epi32(ids, step);
     }
   }
@@ -1173,12 +1179,7 @@ SPECDEC_TARGET_AVX2 inline screened_band_found<float> nucleus_screened_band_avx2
         head_block[h] = _mm256_add_ps(head_block[h], _mm256_and_ps(w, above));
         total_block[h] = _mm256_add_ps(total_block[h], _mm256_max_ps(w, zero));
         const __m256 inside = _mm256_andnot_ps(above, _mm256_cmp_ps(w, bottom, _CMP_GE_OQ));
-        const auto mask = static_cast<unsigned>(_mm256_movemask_ps(inside));
-        const __m256i order =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pack_front.lanes[mask]));
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(band + count),
-                            _mm256_permutevar8x32_epi32(ids, order));
-        count += static_cast<std::size_t>(std::popcount(mask));
+        list_band_avx2(inside, ids, band, count);
         ids = _mm256_add_epi32(ids, step);
       }
     }
@@ -1389,7 +1390,7 @@ SPECDEC_KERNELS_END
   prefix template screened_band_found<T> nucleus_screened_band<T>(const T*, std::size_t, T, T, \
                                                                   std::uint32_t*) noexcept;    \
   SPECDEC_MASS_TABLE_INSTANCES(prefix, row_screen_hook<T>, T)                                  \
-  SPECDEC_MASS_TABLE_INSTANCE(prefix, nucleus_difference_source<T>, nucleus_screen_hook<T>)
+  SPECDEC_MASS_TABLE_INSTANCE(prefix, nucleus_scaled_difference_source<T>, nucleus_screen_hook<T>)
 #define SPECDEC_SAMPLING_INSTANCES(prefix)                            \
   SPECDEC_FOR_ROW_TYPE_PAIRS(SPECDEC_SAMPLING_PAIR_INSTANCES, prefix) \
   SPECDEC_FOR_ROW_TYPES(SPECDEC_SAMPLING_ROW_INSTANCES, prefix)
