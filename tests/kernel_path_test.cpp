@@ -497,6 +497,130 @@ TEMPLATE_TEST_CASE("kernel_path: every path sums and lists top-p's band bitwise"
   }
 }
 
+TEMPLATE_TEST_CASE("kernel_path: every path samples top-p's runs and reads its band bitwise",
+                   "[kernel_path]", float, double) {
+  // The sampled search for the nucleus (Standardizer::sampled_band, resolve_band) reads the
+  // sample's runs (detail::sample_runs: each entry's weight and bucket, each run's weight
+  // below bucket 0), then each band entry's bucket and weight (detail::band_codes: vector
+  // gathers on the AVX2 and AVX-512 paths for float rows) and the ids of one bucket
+  // (detail::list_bucket: a compress on the AVX-512 path). Every path must give what the
+  // definitions give, bitwise, with the weights the keys (T = 1) or another row, and with
+  // zero, negative and NaN entries in the sample.
+  using T = TestType;
+  using word = std::conditional_t<sizeof(T) == 8, std::uint64_t, std::uint32_t>;
+  namespace sd = specdec::detail;
+  constexpr std::size_t run = sd::nucleus_sample_run<T>;
+  constexpr std::size_t runs = 2048 / run;
+  constexpr unsigned code_shift = sizeof(T) == 8 ? 48U : 19U;
+  const ResetKernelPath reset;
+  const auto paths = supported_paths();
+  specdec::xoshiro256pp g(97);
+  for (int trial = 0; trial < 24; ++trial) {
+    const std::size_t size = 4096 + specdec::uniform_below(g, 70000);
+    std::vector<T> key(size);
+    std::vector<T> weight(size);
+    for (std::size_t j = 0; j < size; ++j) {
+      key[j] = static_cast<T>(std::exp(2.5 * specdec::testing::standard_normal(g)));
+      weight[j] = static_cast<T>(std::pow(static_cast<double>(key[j]), 1.4));
+    }
+    const std::size_t spacing = size / runs;
+    // Entries without weight where the sample reads: a zero, negative or NaN key or weight.
+    for (int k = 0; k < 12; ++k) {
+      const std::size_t j = sd::sample_run_start<T>(specdec::uniform_below(g, runs), spacing) +
+                            specdec::uniform_below(g, run);
+      const T bad =
+          k % 3 == 0 ? T(0) : (k % 3 == 1 ? T(-0.5) : std::numeric_limits<T>::quiet_NaN());
+      (k % 2 == 0 ? key : weight)[j] = bad;
+    }
+    const bool tempered = trial % 2 == 1;
+    const T* weights = tempered ? weight.data() : key.data();
+    const T top = *std::max_element(key.begin(), key.end(), [](T a, T b) { return a < b; });
+    const auto top_code = static_cast<std::int32_t>(sd::magnitude_code(top)) -
+                          static_cast<std::int32_t>(trial % 3);  // some keys above the top
+    // The definitions.
+    std::vector<T> expected_weight(2048);
+    std::vector<std::uint16_t> expected_code(2048);
+    std::vector<double> expected_run_mass(runs);
+    for (std::size_t c = 0; c < runs; ++c) {
+      double part[4] = {0.0, 0.0, 0.0, 0.0};
+      for (std::size_t i = 0; i < run; ++i) {
+        const std::size_t j = sd::sample_run_start<T>(c, spacing) + i;
+        const std::size_t e = c * run + i;
+        const bool counted = key[j] > T(0) && weights[j] > T(0);
+        const std::int32_t below =
+            top_code - static_cast<std::int32_t>(std::bit_cast<word>(key[j]) >> code_shift);
+        const std::int32_t bucket = std::clamp(below, 0, std::int32_t{sd::nucleus_buckets - 1});
+        expected_weight[e] = counted ? weights[j] : T(0);
+        expected_code[e] = static_cast<std::uint16_t>(counted ? static_cast<std::size_t>(bucket)
+                                                              : sd::nucleus_buckets);
+        if (expected_code[e] > 0) part[i % 4] += static_cast<double>(expected_weight[e]);
+      }
+      expected_run_mass[c] = (part[0] + part[1]) + (part[2] + part[3]);
+    }
+    // A band between two keys of the row, its buckets as resolve_band takes them.
+    std::vector<T> sorted;
+    for (const T x : key) {
+      if (x > T(0)) sorted.push_back(x);
+    }
+    std::sort(sorted.begin(), sorted.end());
+    const T low = sorted[sorted.size() / 2];
+    const T high = sorted[sorted.size() / 2 + 1 + specdec::uniform_below(g, sorted.size() / 3)];
+    std::vector<std::uint32_t> band(size + sd::nucleus_band_slack);
+    const std::size_t count =
+        sd::nucleus_band(key.data(), weights, size, high, low, band.data()).count;
+    REQUIRE(count > 16);
+    const auto low_bits = std::bit_cast<word>(low);
+    const word span = std::bit_cast<word>(high) - low_bits;
+    const auto shift =
+        static_cast<unsigned>(std::max(0, static_cast<int>(std::bit_width(span)) - 10));
+    std::vector<std::uint16_t> expected_band_code(count);
+    std::vector<T> expected_band_weight(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      expected_band_code[i] =
+          static_cast<std::uint16_t>((std::bit_cast<word>(key[band[i]]) - low_bits) >> shift);
+      expected_band_weight[i] = weights[band[i]];
+    }
+    // The most common bucket and one that may hold a single id or none.
+    std::vector<std::size_t> members(std::size_t{1} << 10U);
+    for (const std::uint16_t c : expected_band_code) ++members[c];
+    const auto common = static_cast<std::uint16_t>(
+        std::max_element(members.begin(), members.end()) - members.begin());
+    const auto rare = static_cast<std::uint16_t>(specdec::uniform_below(g, 1024));
+    INFO("trial " << trial << ", size " << size << (tempered ? ", tempered" : ""));
+    for (const kernel_path path : paths) {
+      specdec::force_kernel_path(path);
+      INFO("path " << specdec::to_string(path));
+      std::vector<T> weight_of(2048);
+      std::vector<std::uint16_t> code_of(2048);
+      std::vector<double> run_mass(runs);
+      sd::sample_runs(key.data(), weights, spacing, runs, 8, top_code, weight_of.data(),
+                      code_of.data(), run_mass.data());
+      CHECK(std::equal(weight_of.begin(), weight_of.end(), expected_weight.begin(),
+                       [](T a, T b) { return same_bits(a, b); }));
+      CHECK(code_of == expected_code);
+      CHECK(std::equal(run_mass.begin(), run_mass.end(), expected_run_mass.begin(),
+                       [](double a, double b) { return same_bits(a, b); }));
+      std::vector<std::uint16_t> band_code(count);
+      std::vector<T> band_weight(count);
+      sd::band_codes(key.data(), weights, band.data(), count, low_bits, shift, band_code.data(),
+                     band_weight.data(), size);
+      CHECK(band_code == expected_band_code);
+      CHECK(std::equal(band_weight.begin(), band_weight.end(), expected_band_weight.begin(),
+                       [](T a, T b) { return same_bits(a, b); }));
+      for (const std::uint16_t bucket : {common, rare}) {
+        std::vector<std::uint32_t> listed(count + sd::nucleus_band_slack);
+        listed.resize(
+            sd::list_bucket(expected_band_code.data(), band.data(), count, bucket, listed.data()));
+        std::vector<std::uint32_t> expected_listed;
+        for (std::size_t i = 0; i < count; ++i) {
+          if (expected_band_code[i] == bucket) expected_listed.push_back(band[i]);
+        }
+        CHECK(listed == expected_listed);
+      }
+    }
+  }
+}
+
 TEMPLATE_TEST_CASE("kernel_path: every path selects the same top-k survivors and screens bitwise",
                    "[kernel_path]", float, double) {
   // Top-k rows (the decoder's sparse rows) go through one dispatched pass of block maxima

@@ -155,12 +155,15 @@ class Standardizer {
 
   /// Allocates the scratch space for rows of `vocab_size` entries now.
   void reserve(std::size_t vocab_size) {
-    if (options_.top_k != 0 || options_.top_p < 1.0) index_.reserve(vocab_size);
+    if (options_.top_k != 0 || options_.top_p < 1.0) {
+      index_.reserve(vocab_size + detail::nucleus_band_slack);
+    }
     if (options_.top_p < 1.0) {
       histogram_.reserve(2 * detail::nucleus_histogram_size);
       codes_.reserve(vocab_size);
       if (vocab_size >= nucleus_sampled_from) {
         band_.reserve(vocab_size + detail::nucleus_band_slack);
+        band_weight_.reserve(vocab_size);
         sample_.reserve(nucleus_sample);  // the weight of each sampled entry
         run_mass_.reserve(nucleus_sample);
         sample_head_.reserve(detail::nucleus_buckets + 1);
@@ -773,8 +776,7 @@ class Standardizer {
   static constexpr double nucleus_band_width = 3.5;
   // The sample's runs: one cache line of keys each.
   template <class U>
-  static constexpr std::size_t sample_run = std::max<std::size_t>(detail::cache_line / sizeof(U),
-                                                                  1);
+  static constexpr std::size_t sample_run = detail::nucleus_sample_run<U>;
   static_assert(nucleus_sample % sample_run<float> == 0 &&
                 nucleus_sample % sample_run<double> == 0);
   // How many runs ahead sampled_band asks for the next one.
@@ -881,57 +883,26 @@ class Standardizer {
     constexpr std::size_t clusters = nucleus_sample / run;
     const std::size_t spacing = size / clusters;
     SPECDEC_ASSERT(spacing >= 2 * run);  // size >= nucleus_sampled_from
-    // The runs are read first, each entry's weight (as a double) and bucket (`buckets` for
-    // an entry without weight) written to sample_ and codes_, with nothing between the
-    // reads that waits on an earlier one. The run sampled_ahead runs later is asked for
-    // meanwhile.
-    const auto run_start = [spacing](std::size_t c) {
-      return (c * spacing + spacing / 2) / run * run;
-    };
+    // The runs are read first (detail::sample_runs), each entry's weight (as a double) and
+    // bucket (`buckets` for an entry without weight) written to sample_ and codes_, with
+    // each run's sampled weight below bucket 0 to run_mass_.
     const auto top = static_cast<std::int32_t>(top_code);  // a magnitude code: 16 bits at most
-    const bool separate_weights =
-        static_cast<const void*>(weights.data()) != static_cast<const void*>(key.data());
     sample_.resize(nucleus_sample);
     codes_.resize(nucleus_sample);
-    double* const weight_of = sample_.data();
+    run_mass_.resize(clusters);
+    T* const weight_of = sample_.data();
     std::uint16_t* const code_of = codes_.data();
-    for (std::size_t c = 0; c < clusters; ++c) {
-      if (c + sampled_ahead < clusters) {
-        const std::size_t next = run_start(c + sampled_ahead);
-        detail::prefetch_entry(key.data(), next);
-        if (separate_weights) detail::prefetch_entry(weights.data(), next);
-      }
-      const std::size_t j = run_start(c);
-      const U* const run_keys = key.data() + j;
-      const T* const run_weights = weights.data() + j;
-      for (std::size_t i = 0; i < run; ++i) {
-        const auto weight = static_cast<double>(run_weights[i]);
-        const std::int32_t bucket = detail::nucleus_bucket(run_keys[i], top);  // by the key
-        const bool counted = bucket != std::int32_t{buckets} && weight > 0.0;
-        weight_of[c * run + i] = counted ? weight : 0.0;
-        code_of[c * run + i] = static_cast<std::uint16_t>(counted ? bucket : std::int32_t{buckets});
-      }
-    }
+    detail::sample_runs(key.data(), weights.data(), spacing, clusters, sampled_ahead, top,
+                        weight_of, code_of, run_mass_.data());
     // The buckets' sampled weights, and a list per bucket of its entries (sample_next_ from
     // sample_head_) for the walk down the buckets below.
     sample_head_.assign(buckets + 1, no_entry);
     sample_next_.resize(nucleus_sample);
     for (std::size_t e = 0; e < nucleus_sample; ++e) {
       const std::uint16_t code = code_of[e];
-      sampled[code] += weight_of[e];
+      sampled[code] += static_cast<double>(weight_of[e]);
       sample_next_[e] = sample_head_[code];
       sample_head_[code] = static_cast<std::int32_t>(e);
-    }
-    // Each run's sampled weight below bucket 0 (four partial sums: the additions of one run
-    // do not wait on each other one by one).
-    run_mass_.resize(clusters);
-    for (std::size_t c = 0; c < clusters; ++c) {
-      double part[4] = {0.0, 0.0, 0.0, 0.0};
-      for (std::size_t i = 0; i < run; ++i) {
-        const std::size_t e = c * run + i;
-        part[i % 4] += code_of[e] > 0 ? weight_of[e] : 0.0;
-      }
-      run_mass_[c] = (part[0] + part[1]) + (part[2] + part[3]);
     }
     // H(b), the mass of the buckets up to b, grows with b. The mass below b (the buckets
     // after it) is estimated as scale * (sampled weight below b), with the standard error
@@ -971,7 +942,7 @@ class Standardizer {
              e = sample_next_[static_cast<std::size_t>(e)]) {
           const auto entry = static_cast<std::size_t>(e);
           double& mass = run_mass_[entry / run];
-          const double left = std::max(mass - weight_of[entry], 0.0);
+          const double left = std::max(mass - static_cast<double>(weight_of[entry]), 0.0);
           below_squared = std::max(below_squared - (mass * mass - left * left), 0.0);
           mass = left;
         }
@@ -1007,16 +978,17 @@ class Standardizer {
     histogram_.assign(used, 0.0);
     double* const band_mass = histogram_.data();
     const std::uint32_t* const band = band_.data();
-    // codes_: each band entry's bucket, found in the loop that adds its weight (one visit
-    // per band entry: the ids are scattered over the row).
+    // codes_ and band_weight_: each band entry's bucket and weight, read once (the ids are
+    // scattered over the row; vector gathers on the AVX2 and AVX-512 paths), so that the
+    // histogram's additions wait on no read of the row.
     codes_.resize(found.count);
     std::uint16_t* const code = codes_.data();
+    band_weight_.resize(found.count);
+    T* const band_weight = band_weight_.data();
+    detail::band_codes(key.data(), weights.data(), band, found.count, low_bits, shift, code,
+                       band_weight, key.size());
     for (std::size_t i = 0; i < found.count; ++i) {
-      const std::uint32_t id = band[i];
-      const auto bucket =
-          static_cast<std::uint16_t>((std::bit_cast<word>(key[id]) - low_bits) >> shift);
-      code[i] = bucket;
-      band_mass[bucket] += static_cast<double>(weights[id]);
+      band_mass[code[i]] += static_cast<double>(band_weight[i]);
     }
     double above = found.head;
     std::size_t boundary = used;
@@ -1025,10 +997,10 @@ class Standardizer {
       above += band_mass[boundary];
     }
     if (boundary >= used) return {none, false};  // the end lies below the band
-    index_.clear();
-    for (std::size_t i = 0; i < found.count; ++i) {
-      if (code[i] == boundary) index_.push_back(band[i]);
-    }
+    // The boundary bucket's ids, in band order.
+    index_.resize(found.count + detail::nucleus_band_slack);
+    index_.resize(detail::list_bucket(code, band, found.count, static_cast<std::uint16_t>(boundary),
+                                      index_.data()));
     const auto [end, reached] =
         nucleus_end(key, weights, index_.begin(), index_.end(), needed - above);
     if (!reached) return {none, false};  // rounding between the two orders of addition
@@ -1085,7 +1057,8 @@ class Standardizer {
   std::vector<std::uint16_t> codes_;       // find_nucleus: the bucket of every entry
   std::size_t nucleus_fallbacks_ = 0;      // rows find_nucleus_sampled did not place
   std::vector<std::uint32_t> band_;        // find_nucleus_sampled: the band's ids
-  std::vector<double> sample_;             // sampled_band: the sampled entries' weights
+  std::vector<T> band_weight_;             // resolve_band: the band's weights
+  std::vector<T> sample_;                  // sampled_band: the sampled entries' weights
   std::vector<double> run_mass_;           // its runs' weights below the current bucket
   std::vector<std::int32_t> sample_head_;  // the first sampled entry of each bucket
   std::vector<std::int32_t> sample_next_;  // the next sampled entry of the same bucket

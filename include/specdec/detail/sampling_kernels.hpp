@@ -1368,6 +1368,268 @@ struct more_probable_first {
   }
 };
 
+// ---------------------------------------------------------------------------------------
+// Top-p's sample (Standardizer::sampled_band): runs of adjacent entries, one cache line of
+// keys each, read with nothing between them that waits on an earlier one.
+// ---------------------------------------------------------------------------------------
+
+/// Entries per run of the sample: one cache line of keys.
+template <class U>
+inline constexpr std::size_t nucleus_sample_run = std::max<std::size_t>(cache_line / sizeof(U), 1);
+
+/// The sample's runs: run c (c < runs) holds the nucleus_sample_run<U> entries from
+/// sample_run_start(c). Writes each sampled entry's weight to weight_of (0 for an
+/// entry without weight: a weight or key not > 0, or NaN) and its bucket to code_of
+/// (nucleus_bucket of its key; nucleus_buckets for an entry without weight), run after run,
+/// and each run's weight in the buckets after bucket 0 to run_mass: four partial sums (entry
+/// i of the run into sum i % 4, in entry order) combined as (s0 + s1) + (s2 + s3). The run
+/// `ahead` runs later is asked for meanwhile. Branch-free, so that each run is a few vector
+/// instructions; the same numbers on every path.
+template <class U>
+[[nodiscard]] inline std::size_t sample_run_start(std::size_t c, std::size_t spacing) noexcept {
+  constexpr std::size_t run = nucleus_sample_run<U>;
+  return (c * spacing + spacing / 2) / run * run;
+}
+
+template <class U, class T>
+SPECDEC_KERNEL_INLINE void sample_runs_body(const U* key, const T* weights, std::size_t spacing,
+                                            std::size_t runs, std::size_t ahead,
+                                            std::int32_t top_code, T* __restrict weight_of,
+                                            std::uint16_t* __restrict code_of,
+                                            double* run_mass) noexcept {
+  using word = std::conditional_t<sizeof(U) == 8, std::uint64_t, std::uint32_t>;
+  constexpr unsigned shift = sizeof(U) == 8 ? 48U : 19U;
+  constexpr std::size_t run = nucleus_sample_run<U>;
+  static_assert(run % 4 == 0);
+  const bool separate = static_cast<const void*>(weights) != static_cast<const void*>(key);
+  for (std::size_t c = 0; c < runs; ++c) {
+    if (c + ahead < runs) {
+      const std::size_t next = sample_run_start<U>(c + ahead, spacing);
+      prefetch_entry(key, next);
+      if (separate) prefetch_entry(weights, next);
+    }
+    const std::size_t j = sample_run_start<U>(c, spacing);
+    const U* const run_keys = key + j;
+    const T* const run_weights = weights + j;
+    T* __restrict const weight_out = weight_of + c * run;
+    std::uint16_t* __restrict const code_out = code_of + c * run;
+    for (std::size_t i = 0; i < run; ++i) {
+      const U k = run_keys[i];
+      const T weight = run_weights[i];
+      std::int32_t offset = top_code - static_cast<std::int32_t>(std::bit_cast<word>(k) >> shift);
+      offset = offset < 0 ? 0 : offset;
+      offset =
+          offset > std::int32_t{nucleus_buckets - 1} ? std::int32_t{nucleus_buckets - 1} : offset;
+      const bool counted = k > U(0) && weight > T(0);
+      weight_out[i] = counted ? weight : T(0);
+      code_out[i] = static_cast<std::uint16_t>(counted ? offset : std::int32_t{nucleus_buckets});
+    }
+    double part[4] = {0.0, 0.0, 0.0, 0.0};
+    for (std::size_t i = 0; i < run; i += 4) {
+      for (std::size_t k = 0; k < 4; ++k) {
+        part[k] += code_out[i + k] > 0 ? static_cast<double>(weight_out[i + k]) : 0.0;
+      }
+    }
+    run_mass[c] = (part[0] + part[1]) + (part[2] + part[3]);
+  }
+}
+
+#if SPECDEC_DISPATCH_AVX512
+template <class U, class T>
+SPECDEC_TARGET_AVX512 void sample_runs_avx512(const U* key, const T* weights, std::size_t spacing,
+                                              std::size_t runs, std::size_t ahead,
+                                              std::int32_t top_code, T* weight_of,
+                                              std::uint16_t* code_of, double* run_mass) noexcept {
+  sample_runs_body(key, weights, spacing, runs, ahead, top_code, weight_of, code_of, run_mass);
+}
+#endif
+#if SPECDEC_DISPATCH_AVX2
+template <class U, class T>
+SPECDEC_TARGET_AVX2 void sample_runs_avx2(const U* key, const T* weights, std::size_t spacing,
+                                          std::size_t runs, std::size_t ahead,
+                                          std::int32_t top_code, T* weight_of,
+                                          std::uint16_t* code_of, double* run_mass) noexcept {
+  sample_runs_body(key, weights, spacing, runs, ahead, top_code, weight_of, code_of, run_mass);
+}
+#endif
+template <class U, class T>
+SPECDEC_PORTABLE_KERNEL inline void sample_runs_portable(const U* key, const T* weights,
+                                                         std::size_t spacing, std::size_t runs,
+                                                         std::size_t ahead, std::int32_t top_code,
+                                                         T* weight_of, std::uint16_t* code_of,
+                                                         double* run_mass) noexcept {
+  sample_runs_body(key, weights, spacing, runs, ahead, top_code, weight_of, code_of, run_mass);
+}
+
+/// sample_runs_body on the active kernel path (the same numbers on every path).
+template <class U, class T>
+void sample_runs(const U* key, const T* weights, std::size_t spacing, std::size_t runs,
+                 std::size_t ahead, std::int32_t top_code, T* weight_of, std::uint16_t* code_of,
+                 double* run_mass) noexcept {
+#if SPECDEC_DISPATCH_AVX512
+  if (use_avx512()) {
+    return sample_runs_avx512(key, weights, spacing, runs, ahead, top_code, weight_of, code_of,
+                              run_mass);
+  }
+#endif
+#if SPECDEC_DISPATCH_AVX2
+  if (use_avx2()) {
+    return sample_runs_avx2(key, weights, spacing, runs, ahead, top_code, weight_of, code_of,
+                            run_mass);
+  }
+#endif
+  sample_runs_portable(key, weights, spacing, runs, ahead, top_code, weight_of, code_of, run_mass);
+}
+
+// ---------------------------------------------------------------------------------------
+// Top-p's band after the band pass (Standardizer::resolve_band): each band entry's bucket
+// and weight read once, in vector gathers where the path has them, and the ids of one
+// bucket listed.
+// ---------------------------------------------------------------------------------------
+
+/// For each of the `count` ids of `band`: code[i] = (bits of key[id] - low_bits) >> shift (a
+/// bucket below 2^16: the caller's keys lie in the band) and weight_out[i] = weights[id].
+template <class U, class T>
+SPECDEC_KERNEL_INLINE void band_codes_body(
+    const U* key, const T* weights, const std::uint32_t* band, std::size_t from, std::size_t count,
+    std::conditional_t<sizeof(U) == 8, std::uint64_t, std::uint32_t> low_bits, unsigned shift,
+    std::uint16_t* code, T* weight_out) noexcept {
+  using word = std::conditional_t<sizeof(U) == 8, std::uint64_t, std::uint32_t>;
+  for (std::size_t i = from; i < count; ++i) {
+    const std::uint32_t id = band[i];
+    code[i] = static_cast<std::uint16_t>((std::bit_cast<word>(key[id]) - low_bits) >> shift);
+    weight_out[i] = weights[id];
+  }
+}
+
+#if SPECDEC_DISPATCH_AVX512
+template <bool KeyIsWeight>
+SPECDEC_TARGET_AVX512 void band_codes_avx512(const float* key, const float* weights,
+                                             const std::uint32_t* band, std::size_t count,
+                                             std::uint32_t low_bits, unsigned shift,
+                                             std::uint16_t* code, float* weight_out) noexcept {
+  const __m512i low = _mm512_set1_epi32(static_cast<int>(low_bits));
+  const __m128i by = _mm_cvtsi32_si128(static_cast<int>(shift));
+  // Masked forms with every lane on: GCC 12 warns about the unmasked ones.
+  const auto all = static_cast<__mmask16>(0xFFFFU);
+  const __m512 none = _mm512_setzero_ps();
+  std::size_t i = 0;
+  for (; i + 16 <= count; i += 16) {
+    // Ids below 2^31 (a row's size is: see band_codes), so the signed indices are exact.
+    const __m512i ids = _mm512_loadu_si512(band + i);
+    const __m512 keys = _mm512_mask_i32gather_ps(none, all, ids, key, 4);
+    const __m512i bucket =
+        _mm512_maskz_srl_epi32(all, _mm512_sub_epi32(_mm512_castps_si512(keys), low), by);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(code + i),
+                        _mm512_maskz_cvtepi32_epi16(all, bucket));
+    _mm512_storeu_ps(weight_out + i,
+                     KeyIsWeight ? keys : _mm512_mask_i32gather_ps(none, all, ids, weights, 4));
+  }
+  band_codes_body(key, weights, band, i, count, low_bits, shift, code, weight_out);
+}
+#endif
+#if SPECDEC_DISPATCH_AVX2
+template <bool KeyIsWeight>
+SPECDEC_TARGET_AVX2 void band_codes_avx2(const float* key, const float* weights,
+                                         const std::uint32_t* band, std::size_t count,
+                                         std::uint32_t low_bits, unsigned shift,
+                                         std::uint16_t* code, float* weight_out) noexcept {
+  const __m256i low = _mm256_set1_epi32(static_cast<int>(low_bits));
+  const __m128i by = _mm_cvtsi32_si128(static_cast<int>(shift));
+  std::size_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    const __m256i ids = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(band + i));
+    const __m256 keys = _mm256_i32gather_ps(key, ids, 4);
+    const __m256i bucket = _mm256_srl_epi32(_mm256_sub_epi32(_mm256_castps_si256(keys), low), by);
+    // Buckets below 2^16: the unsigned saturation keeps them.
+    const __m128i narrow =
+        _mm_packus_epi32(_mm256_castsi256_si128(bucket), _mm256_extracti128_si256(bucket, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(code + i), narrow);
+    _mm256_storeu_ps(weight_out + i, KeyIsWeight ? keys : _mm256_i32gather_ps(weights, ids, 4));
+  }
+  band_codes_body(key, weights, band, i, count, low_bits, shift, code, weight_out);
+}
+#endif
+
+/// band_codes_body on the active kernel path (float rows gather on the AVX2 and AVX-512
+/// paths; the same codes and weights everywhere).
+template <class U, class T>
+void band_codes(const U* key, const T* weights, const std::uint32_t* band, std::size_t count,
+                std::conditional_t<sizeof(U) == 8, std::uint64_t, std::uint32_t> low_bits,
+                unsigned shift, std::uint16_t* code, T* weight_out, std::size_t size) noexcept {
+  if constexpr (std::is_same_v<U, float> && std::is_same_v<T, float>) {
+    // The gathers' indices are signed 32-bit lanes: rows of fewer than 2^31 entries.
+    const bool gather = size <= std::size_t{0x7fffffff};
+    const bool same = static_cast<const void*>(key) == static_cast<const void*>(weights);
+#if SPECDEC_DISPATCH_AVX512
+    if (gather && use_avx512()) {
+      return same ? band_codes_avx512<true>(key, weights, band, count, low_bits, shift, code,
+                                            weight_out)
+                  : band_codes_avx512<false>(key, weights, band, count, low_bits, shift, code,
+                                             weight_out);
+    }
+#endif
+#if SPECDEC_DISPATCH_AVX2
+    if (gather && use_avx2()) {
+      return same ? band_codes_avx2<true>(key, weights, band, count, low_bits, shift, code,
+                                          weight_out)
+                  : band_codes_avx2<false>(key, weights, band, count, low_bits, shift, code,
+                                           weight_out);
+    }
+#endif
+    static_cast<void>(gather);
+    static_cast<void>(same);
+  }
+  static_cast<void>(size);
+  band_codes_body(key, weights, band, 0, count, low_bits, shift, code, weight_out);
+}
+
+/// Lists the ids band[i] whose code[i] is `bucket` (i < count) into out, in order, and returns
+/// how many. `out` has room for count + nucleus_band_slack ids (the vector build stores
+/// whole packs).
+template <bool Vector>
+SPECDEC_KERNEL_INLINE std::size_t list_bucket_body(const std::uint16_t* code,
+                                                   const std::uint32_t* band, std::size_t from,
+                                                   std::size_t count, std::uint16_t bucket,
+                                                   std::uint32_t* out,
+                                                   std::size_t listed) noexcept {
+  static_cast<void>(Vector);
+  for (std::size_t i = from; i < count; ++i) {
+    out[listed] = band[i];
+    listed += code[i] == bucket ? std::size_t{1} : std::size_t{0};
+  }
+  return listed;
+}
+
+#if SPECDEC_DISPATCH_AVX512
+SPECDEC_TARGET_AVX512 inline std::size_t list_bucket_avx512(const std::uint16_t* code,
+                                                            const std::uint32_t* band,
+                                                            std::size_t count, std::uint16_t bucket,
+                                                            std::uint32_t* out) noexcept {
+  const __m256i wanted = _mm256_set1_epi16(static_cast<short>(bucket));
+  std::size_t listed = 0;
+  std::size_t i = 0;
+  for (; i + 16 <= count; i += 16) {
+    const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(code + i));
+    const __mmask16 match = _mm256_cmpeq_epi16_mask(codes, wanted);
+    if (match == 0) continue;  // most packs: the bucket is one of some hundreds
+    const __m512i ids = _mm512_loadu_si512(band + i);
+    _mm512_storeu_si512(out + listed, _mm512_maskz_compress_epi32(match, ids));
+    listed += static_cast<std::size_t>(std::popcount(static_cast<unsigned>(match)));
+  }
+  return list_bucket_body<false>(code, band, i, count, bucket, out, listed);
+}
+#endif
+
+/// list_bucket_body on the active kernel path (the same list everywhere).
+inline std::size_t list_bucket(const std::uint16_t* code, const std::uint32_t* band,
+                               std::size_t count, std::uint16_t bucket,
+                               std::uint32_t* out) noexcept {
+#if SPECDEC_DISPATCH_AVX512
+  if (use_avx512()) return list_bucket_avx512(code, band, count, bucket, out);
+#endif
+  return list_bucket_body<false>(code, band, 0, count, bucket, out, 0);
+}
 SPECDEC_KERNELS_END
 
 // The dispatchers' instances for float and double rows (specdec/kernel_instances.hpp).
@@ -1377,7 +1639,10 @@ SPECDEC_KERNELS_END
   prefix template nucleus_band_found nucleus_band<U, T>(const U*, const T*, std::size_t, U, U, \
                                                         std::uint32_t*) noexcept;              \
   prefix template void build_mass_table_dispatch<row_source<T>, nucleus_keep_hook<U, T>>(      \
-      const row_source<T>&, mass_table&, nucleus_keep_hook<U, T>&) noexcept;
+      const row_source<T>&, mass_table&, nucleus_keep_hook<U, T>&) noexcept;                   \
+  prefix template void sample_runs<U, T>(const U*, const T*, std::size_t, std::size_t,         \
+                                         std::size_t, std::int32_t, T*, std::uint16_t*,        \
+                                         double*) noexcept;
 #define SPECDEC_SAMPLING_ROW_INSTANCES(prefix, T)                                              \
   prefix template T block_maxima<true, T>(const T*, std::size_t, double*,                      \
                                           row_screen<T>*) noexcept;                            \
