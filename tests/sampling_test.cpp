@@ -478,12 +478,15 @@ TEMPLATE_TEST_CASE("Standardizer: top-p falls back to the full histogram when th
                    "[sampling]", float, double) {
   // The sample is 2048 entries in runs of one cache line (64 / sizeof(T) entries), one run
   // from the middle of each of 2048 / run equal stretches, rounded down to a multiple of the
-  // run (sampling.hpp, sampled_band). Rows whose
-  // sampled entries are unrepresentative: all tiny (the sample sees no tail, so the band
-  // sits at the top, above the end of the nucleus), or all equal and moderately small (the
-  // sample sees a heavy tail at one level, so the band sits below the end). Each row must
-  // be found out (the end not in the band) and still give the shortest prefix, through the
-  // full histogram.
+  // run (sampling.hpp, take_sample). Rows whose sampled entries are unrepresentative:
+  //  - all tiny: the sample sees none of the row's mass, so the first band sits at the
+  //    top, above the end of the nucleus. Every entry above the sampled ones is then listed
+  //    exactly (heavy_retry), and the second band holds the end: nucleus_retries() counts
+  //    the row, nucleus_fallbacks() does not;
+  //  - all equal and moderately small: the sample sees a heavy tail at one level, which the
+  //    listed entries above it do not correct, so both bands miss and the full histogram
+  //    runs (nucleus_fallbacks() counts the row).
+  // Each row must be found out (the end not in the band) and still give the shortest prefix.
   using T = TestType;
   specdec::xoshiro256pp g(4111);
   specdec::Standardizer<T> standardizer({.top_p = 0.9});
@@ -494,7 +497,8 @@ TEMPLATE_TEST_CASE("Standardizer: top-p falls back to the full histogram when th
     for (auto& x : row) x = static_cast<T>(std::exp(2.5 * specdec::testing::standard_normal(g)));
     constexpr std::size_t run = 64 / sizeof(T);
     const std::size_t spacing = size / (2048 / run);
-    const T planted = trial % 2 == 0 ? T(1e-30) : T(4.5);  // the log-normal mean is about 22.7
+    const bool tiny = trial % 2 == 0;
+    const T planted = tiny ? T(1e-30) : T(4.5);  // the log-normal mean is about 22.7
     for (std::size_t c = 0; c < 2048 / run; ++c) {
       const std::size_t start = (c * spacing + spacing / 2) / run * run;
       std::fill_n(row.begin() + static_cast<std::ptrdiff_t>(start), run, planted);
@@ -503,10 +507,64 @@ TEMPLATE_TEST_CASE("Standardizer: top-p falls back to the full histogram when th
     for (const T x : row) total += static_cast<double>(x);
     for (auto& x : row) x = static_cast<T>(static_cast<double>(x) / total);
     std::vector<T> out(size);
+    const std::size_t fallbacks = standardizer.nucleus_fallbacks();
+    const std::size_t retries = standardizer.nucleus_retries();
     standardizer.apply(std::span<const T>(row), std::span<T>(out));
     INFO("trial " << trial << ", V = " << size);
     check_shortest_prefix(row, out, 0.9);
-    CHECK(standardizer.nucleus_fallbacks() == static_cast<std::size_t>(trial + 1));
+    CHECK(standardizer.nucleus_retries() == retries + (tiny ? 1 : 0));
+    CHECK(standardizer.nucleus_fallbacks() == fallbacks + (tiny ? 0 : 1));
+  }
+}
+
+TEMPLATE_TEST_CASE(
+    "Standardizer: top-p places the nucleus of rows where a few tokens hold the mass", "[sampling]",
+    float, double) {
+  // A language model's row often gives most of its mass to a few tokens. A sample of 2048
+  // entries rarely holds them, and its estimate puts their mass in the top bucket wherever
+  // they lie, so the first band misses the end whenever they lie in different buckets (a
+  // row of 0.7 and 0.25 at T = 1; 0.5 and 0.3 at T = 0.7). The entries above every sampled
+  // one are then listed exactly and the second band holds the end: no row may need the
+  // full histogram, the kept set is the shortest prefix, and the second band must have run
+  // (nucleus_retries()). Two to five heavy tokens holding 30% to 99% of the mass, on
+  // log-normal rows, at T = 1 and 0.7.
+  using T = TestType;
+  specdec::xoshiro256pp g(4157);
+  for (const double temperature : {1.0, 0.7}) {
+    specdec::Standardizer<T> standardizer({.temperature = temperature, .top_p = 0.9});
+    for (int trial = 0; trial < 32; ++trial) {
+      const std::size_t size = 4096 + specdec::uniform_below(g, 130000);
+      std::vector<double> light(size);
+      double light_total = 0.0;
+      for (auto& x : light) {
+        x = std::exp(2.5 * specdec::testing::standard_normal(g));
+        light_total += x;
+      }
+      const std::size_t heavy = 2 + specdec::uniform_below(g, 4);
+      // Half the rows end the nucleus among the heavy tokens, half among the others.
+      const double heavy_mass = trial % 2 == 0 ? 0.9 + 0.09 * specdec::uniform01<double>(g)
+                                               : 0.3 + 0.6 * specdec::uniform01<double>(g);
+      std::vector<double> share(heavy);
+      double shares = 0.0;
+      for (auto& x : share) {
+        x = std::exp(1.5 * specdec::testing::standard_normal(g));
+        shares += x;
+      }
+      std::vector<T> row(size);
+      for (std::size_t j = 0; j < size; ++j) {
+        row[j] = static_cast<T>((1.0 - heavy_mass) * light[j] / light_total);
+      }
+      for (std::size_t k = 0; k < heavy; ++k) {
+        row[specdec::uniform_below(g, size)] = static_cast<T>(heavy_mass * share[k] / shares);
+      }
+      INFO("T = " << temperature << ", trial " << trial << ", V = " << size << ", " << heavy
+                  << " heavy tokens holding " << heavy_mass);
+      check_long_row_nucleus(standardizer, row, temperature);
+    }
+    CHECK(standardizer.nucleus_fallbacks() == 0);
+    CHECK(standardizer.nucleus_retries() > 0);
+    UNSCOPED_INFO("T = " << temperature << ": " << standardizer.nucleus_retries()
+                         << " of 32 rows placed by the second band");
   }
 }
 

@@ -166,6 +166,8 @@ class Standardizer {
         band_weight_.reserve(vocab_size);
         sample_.reserve(nucleus_sample);  // the weight of each sampled entry
         run_mass_.reserve(nucleus_sample);
+        run_left_.reserve(nucleus_sample);
+        exact_.reserve(detail::nucleus_buckets);
         sample_head_.reserve(detail::nucleus_buckets + 1);
         sample_next_.reserve(nucleus_sample);
       }
@@ -182,6 +184,10 @@ class Standardizer {
   /// histogram found it (long rows of probabilities; see find_nucleus_sampled). A few in a
   /// thousand on language-model rows; each costs a few more passes over its row.
   [[nodiscard]] std::size_t nucleus_fallbacks() const noexcept { return nucleus_fallbacks_; }
+  /// Rows whose first band missed the end of the nucleus and whose second band, placed with
+  /// the entries above every sampled one listed exactly (heavy tokens: the common shape of a
+  /// language model's row), held it.
+  [[nodiscard]] std::size_t nucleus_retries() const noexcept { return nucleus_retries_; }
 
   /// Whether apply() screens rows of `size` entries of U in its first pass, so that a
   /// caller validating the rows can take the screen from apply instead of a pass of its own:
@@ -779,6 +785,8 @@ class Standardizer {
   static constexpr std::size_t sample_run = detail::nucleus_sample_run<U>;
   static_assert(nucleus_sample % sample_run<float> == 0 &&
                 nucleus_sample % sample_run<double> == 0);
+  // heavy_retry lists the entries of the top buckets holding fewer sampled entries.
+  static constexpr std::size_t heavy_sampled = 4;
   // How many runs ahead sampled_band asks for the next one.
   static constexpr std::size_t sampled_ahead = 8;
   static constexpr std::int32_t no_entry = -1;
@@ -820,7 +828,9 @@ class Standardizer {
     reserve_band(size);
     const auto found =
         detail::nucleus_band(key.data(), weights.data(), size, high, low, band_.data());
-    return resolve_band(key, weights, found, needed, high, low);
+    const auto kept = resolve_band(key, weights, found, needed, high, low);
+    if (kept.second) return kept;
+    return heavy_retry(key, weights, detail::magnitude_code(top_key), total);
   }
 
   // Top-p alone at T = 1 on a long row of probabilities (screens_first_pass): the band is
@@ -852,7 +862,10 @@ class Standardizer {
     if (!(total > 0.0 && total <= std::numeric_limits<double>::max())) {
       return {pass.screen, none, false};
     }
-    const auto kept = resolve_band(row, row, pass.band, options_.top_p * total, high, low);
+    auto kept = resolve_band(row, row, pass.band, options_.top_p * total, high, low);
+    if (!kept.second) {
+      kept = heavy_retry(row, row, detail::magnitude_code(static_cast<T>(assumed_total)), total);
+    }
     return {pass.screen, kept.first, kept.second};
   }
 
@@ -870,22 +883,28 @@ class Standardizer {
   template <class U>
   SPECDEC_NO_CONTRACT bool sampled_band(std::span<const U> key, std::span<const T> weights,
                                         std::int64_t top_code, double total, U& high, U& low) {
+    take_sample(key, weights, top_code);
+    return place_band(key.size(), top_code, total, nullptr, 0, high, low);
+  }
+
+  // The sample: `clusters` runs of `run` adjacent entries (one cache line of keys when the
+  // row is aligned), evenly spaced: 2048 entries from 128 lines of a float row, where 2048
+  // entries a stride apart cost about as much as reading a quarter of the row. Each
+  // entry's weight and bucket go to sample_ and codes_ (detail::sample_runs), each run's
+  // sampled weight below bucket 0 to run_mass_, the buckets' sampled weights to
+  // histogram_ with a list per bucket of its entries (sample_next_ from sample_head_), and
+  // to sample_heavy_buckets_ how many top buckets hold fewer than heavy_sampled sampled
+  // entries (heavy_retry lists their entries).
+  template <class U>
+  void take_sample(std::span<const U> key, std::span<const T> weights, std::int64_t top_code) {
     const std::size_t size = key.size();
-    const double needed = options_.top_p * total;
     constexpr std::size_t buckets = detail::nucleus_buckets;
-    // histogram_: the sampled weight per bucket, and a last one for entries without weight.
-    histogram_.assign(buckets + 1, 0.0);
+    histogram_.assign(buckets + 1, 0.0);  // and a last bucket for entries without weight
     double* const sampled = histogram_.data();
-    // The sample: `clusters` runs of `run` adjacent entries (one cache line of keys when the
-    // row is aligned), evenly spaced: 2048 entries from 128 lines of a float row, where 2048
-    // entries a stride apart cost about as much as reading a quarter of the row.
     constexpr std::size_t run = sample_run<U>;
     constexpr std::size_t clusters = nucleus_sample / run;
     const std::size_t spacing = size / clusters;
-    SPECDEC_ASSERT(spacing >= 2 * run);  // size >= nucleus_sampled_from
-    // The runs are read first (detail::sample_runs), each entry's weight (as a double) and
-    // bucket (`buckets` for an entry without weight) written to sample_ and codes_, with
-    // each run's sampled weight below bucket 0 to run_mass_.
+    SPECDEC_ASSERT(spacing >= 2 * run);                    // size >= nucleus_sampled_from
     const auto top = static_cast<std::int32_t>(top_code);  // a magnitude code: 16 bits at most
     sample_.resize(nucleus_sample);
     codes_.resize(nucleus_sample);
@@ -894,8 +913,6 @@ class Standardizer {
     std::uint16_t* const code_of = codes_.data();
     detail::sample_runs(key.data(), weights.data(), spacing, clusters, sampled_ahead, top,
                         weight_of, code_of, run_mass_.data());
-    // The buckets' sampled weights, and a list per bucket of its entries (sample_next_ from
-    // sample_head_) for the walk down the buckets below.
     sample_head_.assign(buckets + 1, no_entry);
     sample_next_.resize(nucleus_sample);
     for (std::size_t e = 0; e < nucleus_sample; ++e) {
@@ -904,15 +921,43 @@ class Standardizer {
       sample_next_[e] = sample_head_[code];
       sample_head_[code] = static_cast<std::int32_t>(e);
     }
-    // H(b), the mass of the buckets up to b, grows with b. The mass below b (the buckets
-    // after it) is estimated as scale * (sampled weight below b), with the standard error
-    // of a sample of `clusters` runs: scale * sqrt(C / (C - 1) * (sum of the squared runs'
-    // weights below b - (their sum)^2 / C)), so that adjacent entries whose weights move
-    // together (vocabularies order related tokens together) widen the band rather than
-    // mislead it. b is surely short when even the estimate plus the margin misses
-    // `needed`, surely enough when the estimate minus the margin reaches it (compared
-    // squared: no square root per bucket); the band runs from after the last short bucket
-    // to the first enough one.
+    // The heavy buckets: the top ones, holding fewer than heavy_sampled sampled entries.
+    std::size_t seen = 0;
+    std::size_t heavy = 0;
+    for (; heavy < buckets; ++heavy) {
+      for (std::int32_t e = sample_head_[heavy]; e != no_entry;
+           e = sample_next_[static_cast<std::size_t>(e)]) {
+        ++seen;
+      }
+      if (seen >= heavy_sampled) break;
+    }
+    sample_heavy_buckets_ = heavy;
+  }
+
+  // The band from take_sample's sample for a row of `size` entries and mass `total`.
+  // `exact` (or null): the exact mass per bucket of the entries of the top `heavy` buckets,
+  // listed apart (heavy_retry); the sampled entries of those buckets then count for nothing.
+  //
+  // H(b), the mass of the buckets up to b, grows with b. The mass below b (the buckets
+  // after it) is estimated as scale * (sampled weight below b), plus the exact mass below
+  // b, with the standard error of a sample of `clusters` runs: scale * sqrt(C / (C - 1) *
+  // (sum of the squared runs' weights below b - (their sum)^2 / C)), so that adjacent
+  // entries whose weights move together (vocabularies order related tokens together) widen
+  // the band rather than mislead it. b is surely short when even the estimate plus the
+  // margin misses `needed`, surely enough when the estimate minus the margin reaches it
+  // (compared squared: no square root per bucket); the band runs from after the last short
+  // bucket to the first enough one.
+  template <class U>
+  SPECDEC_NO_CONTRACT bool place_band(std::size_t size, std::int64_t top_code, double total,
+                                      const double* exact, std::size_t heavy, U& high, U& low) {
+    constexpr std::size_t buckets = detail::nucleus_buckets;
+    constexpr std::size_t run = sample_run<U>;
+    constexpr std::size_t clusters = nucleus_sample / run;
+    const double needed = options_.top_p * total;
+    const double* const sampled = histogram_.data();
+    const T* const weight_of = sample_.data();
+    // The walk moves each run's weight below b down as the buckets pass: a copy.
+    run_left_.assign(run_mass_.begin(), run_mass_.end());
     const double scale = static_cast<double>(size) / static_cast<double>(nucleus_sample);
     constexpr auto runs = static_cast<double>(clusters);
     const double factor =
@@ -920,13 +965,31 @@ class Standardizer {
     double below = 0.0;          // sampled weight in the buckets after b
     double below_squared = 0.0;  // the sum of the squared runs' weights there
     for (std::size_t c = 0; c < clusters; ++c) {
-      below += run_mass_[c];
-      below_squared += run_mass_[c] * run_mass_[c];
+      below += run_left_[c];
+      below_squared += run_left_[c] * run_left_[c];
+    }
+    // The entries of bucket b leave the sampled weights below (and the runs' weights).
+    const auto leave = [&](std::size_t b) {
+      below = std::max(below - sampled[b], 0.0);
+      for (std::int32_t e = sample_head_[b]; e != no_entry;
+           e = sample_next_[static_cast<std::size_t>(e)]) {
+        const auto entry = static_cast<std::size_t>(e);
+        double& mass = run_left_[entry / run];
+        const double left = std::max(mass - static_cast<double>(weight_of[entry]), 0.0);
+        below_squared = std::max(below_squared - (mass * mass - left * left), 0.0);
+        mass = left;
+      }
+    };
+    double exact_below = 0.0;  // the exact mass in the buckets after b
+    if (exact == nullptr) heavy = 0;
+    for (std::size_t b = 1; b < heavy; ++b) {
+      exact_below += exact[b];
+      leave(b);  // counted exactly instead
     }
     std::size_t first = 0;
     std::size_t last = buckets - 1;
     for (std::size_t b = 0; b < buckets; ++b) {
-      const double gap = total - scale * below - needed;  // estimate - needed
+      const double gap = total - (scale * below + exact_below) - needed;  // estimate - needed
       const double margin_squared =
           factor * std::max(below_squared - below * below * (1.0 / runs), 0.0);
       const double gap_squared = gap * gap;
@@ -935,17 +998,10 @@ class Standardizer {
         break;
       }
       if (gap < 0.0 && gap_squared > margin_squared) first = b + 1;
-      if (b + 1 < buckets) {
-        below = std::max(below - sampled[b + 1], 0.0);
-        // The entries of bucket b + 1 leave their runs' weights below.
-        for (std::int32_t e = sample_head_[b + 1]; e != no_entry;
-             e = sample_next_[static_cast<std::size_t>(e)]) {
-          const auto entry = static_cast<std::size_t>(e);
-          double& mass = run_mass_[entry / run];
-          const double left = std::max(mass - static_cast<double>(weight_of[entry]), 0.0);
-          below_squared = std::max(below_squared - (mass * mass - left * left), 0.0);
-          mass = left;
-        }
+      if (b + 1 < heavy) {
+        exact_below = std::max(exact_below - exact[b + 1], 0.0);
+      } else if (b + 1 < buckets) {
+        leave(b + 1);
       }
     }
     first = std::min(first, last);
@@ -955,6 +1011,55 @@ class Standardizer {
                        : detail::from_magnitude_code<U>(top_code - static_cast<std::int64_t>(last)),
                    std::numeric_limits<U>::denorm_min());
     return low < high;
+  }
+
+  // A second band when the first missed the end, for rows where a few heavy entries hold
+  // much of the mass (the common shape of a language model's row): the sample rarely holds
+  // them (and scales one it holds up as if it stood for size / 2048 entries), and its
+  // estimate places their mass in the top bucket, wherever they lie. The entries of the
+  // top buckets, which hold fewer than heavy_sampled sampled entries (take_sample's
+  // sample_heavy_buckets_; about heavy_sampled * size / 2048 entries expected), are listed
+  // in one pass over the keys, their exact masses per bucket replace the sample there, and
+  // the band placed from that is passed and resolved as the first was. False when it
+  // misses too (the caller's full histogram).
+  template <class U>
+  SPECDEC_NO_CONTRACT std::pair<nucleus<U>, bool> heavy_retry(std::span<const U> key,
+                                                              std::span<const T> weights,
+                                                              std::int64_t top_code, double total) {
+    constexpr std::size_t buckets = detail::nucleus_buckets;
+    const nucleus<U> none{U(0), 0, 0.0};
+    const std::size_t size = key.size();
+    const std::size_t heavy_buckets = sample_heavy_buckets_;
+    if (heavy_buckets == 0) return {none, false};
+    // The top buckets: keys from this one up (larger keys count in bucket 0), or every
+    // positive key when the sample holds fewer than heavy_sampled entries with weight.
+    const U from = heavy_buckets >= buckets
+                       ? std::numeric_limits<U>::denorm_min()
+                       : detail::from_magnitude_code<U>(
+                             top_code - static_cast<std::int64_t>(heavy_buckets) + 1);
+    if (!(from > U(0))) return {none, false};
+    reserve_band(size);
+    const auto heavy = detail::nucleus_band(key.data(), key.data(), size,
+                                            std::numeric_limits<U>::infinity(), from, band_.data());
+    exact_.assign(buckets, 0.0);
+    const auto top = static_cast<std::int32_t>(top_code);
+    for (std::size_t i = 0; i < heavy.count; ++i) {
+      const std::uint32_t id = band_[i];
+      const auto weight = static_cast<double>(weights[id]);
+      if (weight > 0.0) {
+        exact_[static_cast<std::size_t>(detail::nucleus_bucket(key[id], top))] += weight;
+      }
+    }
+    U high{};
+    U low{};
+    if (!place_band(size, top_code, total, exact_.data(), heavy_buckets, high, low)) {
+      return {none, false};
+    }
+    const auto found =
+        detail::nucleus_band(key.data(), weights.data(), size, high, low, band_.data());
+    const auto kept = resolve_band(key, weights, found, options_.top_p * total, high, low);
+    if (kept.second) ++nucleus_retries_;
+    return kept;
   }
 
   // Steps 3-4 of find_nucleus_sampled once the band pass `found` ran: the nucleus if its
@@ -1056,10 +1161,14 @@ class Standardizer {
   std::vector<double> histogram_;          // find_nucleus: two histograms of bucket masses
   std::vector<std::uint16_t> codes_;       // find_nucleus: the bucket of every entry
   std::size_t nucleus_fallbacks_ = 0;      // rows find_nucleus_sampled did not place
+  std::size_t nucleus_retries_ = 0;        // rows heavy_retry placed
   std::vector<std::uint32_t> band_;        // find_nucleus_sampled: the band's ids
   std::vector<T> band_weight_;             // resolve_band: the band's weights
   std::vector<T> sample_;                  // sampled_band: the sampled entries' weights
-  std::vector<double> run_mass_;           // its runs' weights below the current bucket
+  std::vector<double> run_mass_;           // its runs' weights below bucket 0
+  std::vector<double> run_left_;           // place_band: the runs' weights below its bucket
+  std::vector<double> exact_;              // heavy_retry: the listed entries' mass per bucket
+  std::size_t sample_heavy_buckets_ = 0;   // take_sample: the top buckets heavy_retry lists
   std::vector<std::int32_t> sample_head_;  // the first sampled entry of each bucket
   std::vector<std::int32_t> sample_next_;  // the next sampled entry of the same bucket
 };
