@@ -55,10 +55,15 @@ void normalise(std::vector<T>& row) {
 /// A normalised row of log-normal weights (a language model's, sigma 2.5), with every fifth
 /// entry 0 (`zeros`) or every third equal to the one before it (`ties`); never all 0.
 template <class T>
-std::vector<T> top_p_row(specdec::xoshiro256pp& g, std::size_t size, bool zeros, bool ties) {
+std::vector<T> top_p_row(specdec::xoshiro256pp& g, std::size_t size, bool zeros, bool ties,
+                         bool levels = false) {
+  // levels: logits rounded to quarters, so that every value recurs all over the row and
+  // the nucleus ends inside a run of ties whose other members lie in blocks before and
+  // after its last id.
   std::vector<T> row(size);
   for (std::size_t j = 0; j < size; ++j) {
-    row[j] = static_cast<T>(std::exp(2.5 * specdec::testing::standard_normal(g)));
+    const double logit = 2.5 * specdec::testing::standard_normal(g);
+    row[j] = static_cast<T>(std::exp(levels ? std::round(4.0 * logit) / 4.0 : logit));
     if (zeros && j % 5 == 0) row[j] = T(0);
     if (ties && j > 0 && j % 3 == 0) row[j] = row[j - 1];
   }
@@ -323,7 +328,9 @@ TEMPLATE_TEST_CASE("kernel_path: a top-p nucleus left to the draw's pass is the 
   // it leaves and the token it draws must be bitwise those of apply() writing the row and
   // sample_from_row drawing from it, on every path. Only top-p alone at T = 1 defers (not
   // with min-p, not tempered); rows short and long (the sampled band's first pass), with
-  // ties and zeros.
+  // ties and zeros, and rows of a few recurring values (the nucleus ending inside a run of
+  // ties spread over the row: the fused AVX2 pass keeps the ties of the blocks before its
+  // last id and drops those after).
   using T = TestType;
   const ResetKernelPath reset;
   const auto paths = supported_paths();
@@ -338,7 +345,8 @@ TEMPLATE_TEST_CASE("kernel_path: a top-p nucleus left to the draw's pass is the 
   for (int trial = 0; trial < 96; ++trial) {
     const std::size_t size = trial % 3 == 2 ? 4096 + specdec::uniform_below(g, 40000)
                                             : 1 + specdec::uniform_below(g, 3000);
-    const std::vector<T> row = top_p_row<T>(g, size, trial % 5 == 1, trial % 5 == 2);
+    const std::vector<T> row =
+        top_p_row<T>(g, size, trial % 5 == 1, trial % 5 == 2, trial % 5 == 3);
     const specdec::SamplingOptions& options = settings[trial % 4];
     const auto seed = g();
     std::vector<T> first_row;

@@ -508,6 +508,17 @@ SPECDEC_TARGET_AVX2 __attribute__((always_inline)) inline __m256 float_table_wei
   }
 }
 
+/// A block's 16 float lanes (lanes 0-7 in `low`, 8-15 in `high`) reduced in
+/// pairwise_sum16's order: eight = lanes k + k + 8, four = eight k + k + 4, then
+/// (four 0 + four 2) + (four 1 + four 3).
+SPECDEC_TARGET_AVX2 __attribute__((always_inline)) inline double reduce_block_lanes_avx2(
+    __m256 low, __m256 high) noexcept {
+  const __m256 eight = _mm256_add_ps(low, high);
+  const __m128 four = _mm_add_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));
+  const __m128 pairs = _mm_add_ps(four, _mm_movehl_ps(four, four));
+  return static_cast<double>(_mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1))));
+}
+
 /// build_mass_table_body (the same superblocks, hook calls and sums) for the sources of
 /// explicit_float_table (the draft's table at T = 1, the bonus, fallback and residual draws),
 /// with each full block summed by explicit AVX2 code: lanes 0-7 and 8-15 in two registers, the
@@ -544,14 +555,7 @@ SPECDEC_TARGET_AVX2 void build_float_table_avx2(const Source& source, mass_table
         low = _mm256_add_ps(low, float_table_weights(source, i, zero));
         high = _mm256_add_ps(high, float_table_weights(source, i + 8, zero));
       }
-      // pairwise_sum16: eight = lanes k + k + 8, four = eight k + k + 4, then
-      // (four 0 + four 2) + (four 1 + four 3).
-      const __m256 eight = _mm256_add_ps(low, high);
-      const __m128 four =
-          _mm_add_ps(_mm256_castps256_ps128(eight), _mm256_extractf128_ps(eight, 1));
-      const __m128 pairs = _mm_add_ps(four, _mm_movehl_ps(four, four));
-      mass +=
-          static_cast<double>(_mm_cvtss_f32(_mm_add_ss(pairs, _mm_shuffle_ps(pairs, pairs, 1))));
+      mass += reduce_block_lanes_avx2(low, high);
     }
     total += mass;
     table.cumulative_mass[s] = total;
@@ -581,6 +585,10 @@ void build_mass_table_dispatch(const Source& source, mass_table& table,
                                BeforeBlock& before_block) noexcept {
 #if SPECDEC_DISPATCH_AVX2
   if constexpr (explicit_float_table<Source>) {
+    if constexpr (requires { before_block.fused_table_avx2(source, table); }) {
+      // A hook writing the row that the table sums may do both in one loop.
+      if (use_avx2_build() && before_block.fused_table_avx2(source, table)) return;
+    }
     if (use_avx2_build()) return build_float_table_avx2(source, table, before_block);
   }
 #endif

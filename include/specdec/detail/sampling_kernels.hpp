@@ -501,6 +501,94 @@ struct nucleus_keep_hook {
     nucleus_keep_range<32, true>(key, weights, out, first, split, last_key, scale);
     nucleus_keep_range<32, false>(key, weights, out, split, end, last_key, scale);
   }
+
+#if SPECDEC_DISPATCH_AVX2
+  /// The draw's table over the written row at T = 1 (keys and weights the model's float
+  /// row, `source` the output row) with the nucleus written in the same loop:
+  /// build_float_table_avx2's table, bitwise, where each full block on one side of `last`
+  /// keeps and scales 8 entries at a time, stores them and adds the stored values into the
+  /// block's lanes (a kept entry is w * scale with w >= last_key > 0, every other one +0:
+  /// max(x, 0) would return each as it is), instead of writing the block and reading it
+  /// back. The block holding `last` and a last partial block take operator() and the
+  /// generic sums. False where it does not apply (the caller's pass runs instead). On a
+  /// 2-vCPU AMD EPYC (Zen 5), one 128k row: 11.2 us, against 21.7 for the hook's write
+  /// and the table's read of it (a memcpy of the row: 6.3 us).
+  /// One full block of fused_table_avx2 on one side of `last` (Keep: the comparison).
+  template <int Keep>
+  SPECDEC_TARGET_AVX2 __attribute__((always_inline)) static double keep_block_avx2(
+      const float* key, float* out, std::size_t b, __m256 bound, __m256 factor) noexcept {
+    __m256 low = _mm256_setzero_ps();
+    __m256 high = _mm256_setzero_ps();
+    for (std::size_t i = b; i < b + kernel_block; i += kernel_lanes) {
+      prefetch_ahead(key, i);
+      prefetch_ahead<true>(out, i);
+      const __m256 w0 = _mm256_loadu_ps(key + i);
+      const __m256 w1 = _mm256_loadu_ps(key + i + 8);
+      const __m256 x0 = _mm256_and_ps(_mm256_mul_ps(w0, factor), _mm256_cmp_ps(w0, bound, Keep));
+      const __m256 x1 = _mm256_and_ps(_mm256_mul_ps(w1, factor), _mm256_cmp_ps(w1, bound, Keep));
+      _mm256_storeu_ps(out + i, x0);
+      _mm256_storeu_ps(out + i + 8, x1);
+      low = _mm256_add_ps(low, x0);
+      high = _mm256_add_ps(high, x1);
+    }
+    return reduce_block_lanes_avx2(low, high);
+  }
+
+  template <class Source>
+  SPECDEC_TARGET_AVX2 bool fused_table_avx2(const Source& source,
+                                            mass_table& table) const noexcept {
+    if constexpr (std::is_same_v<U, float> && std::is_same_v<T, float> &&
+                  std::is_same_v<Source, row_source<float>>) {
+      if (static_cast<const void*>(key) != static_cast<const void*>(weights) || source.row != out ||
+          out == nullptr) {
+        return false;
+      }
+      const std::size_t size = source.size();
+      lay_out_superblocks(table, size);
+      const float* const row = key;
+      float* const written = out;
+      const __m256 zero = _mm256_setzero_ps();
+      const __m256 bound = _mm256_set1_ps(last_key);
+      const __m256 factor = _mm256_set1_ps(scale);
+      double total = 0.0;
+      for (std::size_t s = 0; s < table.superblocks; ++s) {
+        const std::size_t first = s * table.superblock_elements;
+        const std::size_t last_entry =
+            first + table.superblock_elements < size ? first + table.superblock_elements : size;
+        double mass = 0.0;
+        for (std::size_t b = first; b < last_entry; b += kernel_block) {
+          if (size - b < kernel_block) {
+            (*this)(b, size - b);
+            mass += elementwise_block_sum<float>(source, b, size - b);
+            continue;
+          }
+          if (b <= last && last < b + kernel_block) {  // ties kept up to `last` only
+            (*this)(b, kernel_block);
+            __m256 low = zero;
+            __m256 high = zero;
+            for (std::size_t i = b; i < b + kernel_block; i += kernel_lanes) {
+              low = _mm256_add_ps(low, float_table_weights(source, i, zero));
+              high = _mm256_add_ps(high, float_table_weights(source, i + 8, zero));
+            }
+            mass += reduce_block_lanes_avx2(low, high);
+          } else {  // ids before `last` keep last_key's ties, ids after it do not
+            mass += b + kernel_block <= last
+                        ? keep_block_avx2<_CMP_GE_OQ>(row, written, b, bound, factor)
+                        : keep_block_avx2<_CMP_GT_OQ>(row, written, b, bound, factor);
+          }
+        }
+        total += mass;
+        table.cumulative_mass[s] = total;
+      }
+      table.total = total;
+      return true;
+    } else {
+      static_cast<void>(source);
+      static_cast<void>(table);
+      return false;
+    }
+  }
+#endif
 };
 
 #if SPECDEC_DISPATCH_AVX2
