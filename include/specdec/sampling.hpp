@@ -123,9 +123,13 @@ struct SamplingOptions {
 /// selection within the band only, then one pass writing the kept weights normalised by the
 /// nucleus mass. At T = 1 the sample comes first (placing the band as for a row of mass 1),
 /// so that the row's maximum, mass and screen are taken in the band's pass: two passes in
-/// all; where that band misses the end (a row whose mass is far from 1), the search runs
-/// again knowing the mass. nucleus_fallbacks() counts the rows where the band placed with
-/// the row's mass missed the end and the full histogram ran instead. Shorter rows and
+/// all. Where a band misses the end (most often a row where a few heavy tokens the sample
+/// did not hold carry much of the mass, the common shape of a language model's row), the
+/// entries of the top buckets the sample barely holds are listed in one pass and a second
+/// band is placed with their exact masses (nucleus_retries() counts the rows it placed);
+/// at T = 1 where that misses too (a row whose mass is far from 1), the search runs again
+/// knowing the mass. nucleus_fallbacks() counts the rows where every band missed the end
+/// and the full histogram ran instead. Shorter rows and
 /// logits: one histogram pass over the binary exponents of the weights (it also writes each
 /// entry's bucket, 2 bytes), a selection among the tokens of the bucket where the nucleus
 /// ends (expected linear time), then the same writing pass. At T = 1 the weights are read from the
