@@ -1721,15 +1721,19 @@ inline std::size_t list_bucket(const std::uint16_t* code, const std::uint32_t* b
 SPECDEC_KERNELS_END
 
 // The dispatchers' instances for float and double rows (specdec/kernel_instances.hpp).
-#define SPECDEC_SAMPLING_PAIR_INSTANCES(prefix, U, T)                                          \
-  prefix template void nucleus_keep<U, T>(const U*, const T*, T*, std::size_t, U, std::size_t, \
-                                          T) noexcept;                                         \
-  prefix template nucleus_band_found nucleus_band<U, T>(const U*, const T*, std::size_t, U, U, \
-                                                        std::uint32_t*) noexcept;              \
-  prefix template void build_mass_table_dispatch<row_source<T>, nucleus_keep_hook<U, T>>(      \
-      const row_source<T>&, mass_table&, nucleus_keep_hook<U, T>&) noexcept;                   \
-  prefix template void sample_runs<U, T>(const U*, const T*, std::size_t, std::size_t,         \
-                                         std::size_t, std::int32_t, T*, std::uint16_t*,        \
+#define SPECDEC_SAMPLING_PAIR_INSTANCES(prefix, U, T)                                             \
+  prefix template void nucleus_keep<U, T>(const U*, const T*, T*, std::size_t, U, std::size_t,    \
+                                          T) noexcept;                                            \
+  prefix template nucleus_band_found nucleus_band<U, T>(const U*, const T*, std::size_t, U, U,    \
+                                                        std::uint32_t*) noexcept;                 \
+  prefix template void build_mass_table_dispatch<row_source<T>, nucleus_keep_hook<U, T>>(         \
+      const row_source<T>&, mass_table&, nucleus_keep_hook<U, T>&) noexcept;                      \
+  prefix template void band_codes<U, T>(                                                          \
+      const U*, const T*, const std::uint32_t*, std::size_t,                                      \
+      std::conditional_t<sizeof(U) == 8, std::uint64_t, std::uint32_t>, unsigned, std::uint16_t*, \
+      T*, std::size_t) noexcept;                                                                  \
+  prefix template void sample_runs<U, T>(const U*, const T*, std::size_t, std::size_t,            \
+                                         std::size_t, std::int32_t, T*, std::uint16_t*,           \
                                          double*) noexcept;
 #define SPECDEC_SAMPLING_ROW_INSTANCES(prefix, T)                                              \
   prefix template T block_maxima<true, T>(const T*, std::size_t, double*,                      \
