@@ -189,8 +189,8 @@ class Standardizer {
   /// thousand on language-model rows; each costs a few more passes over its row.
   [[nodiscard]] std::size_t nucleus_fallbacks() const noexcept { return nucleus_fallbacks_; }
   /// Rows whose first band missed the end of the nucleus and whose second band, placed with
-  /// the entries above every sampled one listed exactly (heavy tokens: the common shape of a
-  /// language model's row), held it.
+  /// the entries of the top buckets listed exactly (those holding fewer than 4 sampled
+  /// entries: a row's heavy tokens, the common shape of a language model's row), held it.
   [[nodiscard]] std::size_t nucleus_retries() const noexcept { return nucleus_retries_; }
 
   /// Whether apply() screens rows of `size` entries of U in its first pass, so that a

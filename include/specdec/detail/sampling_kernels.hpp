@@ -503,6 +503,27 @@ struct nucleus_keep_hook {
   }
 
 #if SPECDEC_DISPATCH_AVX2
+  /// One full block of fused_table_avx2 on one side of `last` (Keep: the comparison).
+  template <int Keep>
+  SPECDEC_TARGET_AVX2 __attribute__((always_inline)) static double keep_block_avx2(
+      const float* row, float* written, std::size_t b, __m256 bound, __m256 factor) noexcept {
+    __m256 low = _mm256_setzero_ps();
+    __m256 high = _mm256_setzero_ps();
+    for (std::size_t i = b; i < b + kernel_block; i += kernel_lanes) {
+      prefetch_ahead(row, i);
+      prefetch_ahead<true>(written, i);
+      const __m256 w0 = _mm256_loadu_ps(row + i);
+      const __m256 w1 = _mm256_loadu_ps(row + i + 8);
+      const __m256 x0 = _mm256_and_ps(_mm256_mul_ps(w0, factor), _mm256_cmp_ps(w0, bound, Keep));
+      const __m256 x1 = _mm256_and_ps(_mm256_mul_ps(w1, factor), _mm256_cmp_ps(w1, bound, Keep));
+      _mm256_storeu_ps(written + i, x0);
+      _mm256_storeu_ps(written + i + 8, x1);
+      low = _mm256_add_ps(low, x0);
+      high = _mm256_add_ps(high, x1);
+    }
+    return reduce_block_lanes_avx2(low, high);
+  }
+
   /// The draw's table over the written row at T = 1 (keys and weights the model's float
   /// row, `source` the output row) with the nucleus written in the same loop:
   /// build_float_table_avx2's table, bitwise, where each full block on one side of `last`
@@ -513,27 +534,6 @@ struct nucleus_keep_hook {
   /// generic sums. False where it does not apply (the caller's pass runs instead). On a
   /// 2-vCPU AMD EPYC (Zen 5), one 128k row: 11.2 us, against 21.7 for the hook's write
   /// and the table's read of it (a memcpy of the row: 6.3 us).
-  /// One full block of fused_table_avx2 on one side of `last` (Keep: the comparison).
-  template <int Keep>
-  SPECDEC_TARGET_AVX2 __attribute__((always_inline)) static double keep_block_avx2(
-      const float* key, float* out, std::size_t b, __m256 bound, __m256 factor) noexcept {
-    __m256 low = _mm256_setzero_ps();
-    __m256 high = _mm256_setzero_ps();
-    for (std::size_t i = b; i < b + kernel_block; i += kernel_lanes) {
-      prefetch_ahead(key, i);
-      prefetch_ahead<true>(out, i);
-      const __m256 w0 = _mm256_loadu_ps(key + i);
-      const __m256 w1 = _mm256_loadu_ps(key + i + 8);
-      const __m256 x0 = _mm256_and_ps(_mm256_mul_ps(w0, factor), _mm256_cmp_ps(w0, bound, Keep));
-      const __m256 x1 = _mm256_and_ps(_mm256_mul_ps(w1, factor), _mm256_cmp_ps(w1, bound, Keep));
-      _mm256_storeu_ps(out + i, x0);
-      _mm256_storeu_ps(out + i + 8, x1);
-      low = _mm256_add_ps(low, x0);
-      high = _mm256_add_ps(high, x1);
-    }
-    return reduce_block_lanes_avx2(low, high);
-  }
-
   template <class Source>
   SPECDEC_TARGET_AVX2 bool fused_table_avx2(const Source& source,
                                             mass_table& table) const noexcept {
