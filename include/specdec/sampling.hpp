@@ -159,9 +159,7 @@ class Standardizer {
 
   /// Allocates the scratch space for rows of `vocab_size` entries now.
   void reserve(std::size_t vocab_size) {
-    if (options_.top_k != 0 || options_.top_p < 1.0) {
-      index_.reserve(vocab_size + detail::nucleus_band_slack);
-    }
+    if (options_.top_k != 0 || options_.top_p < 1.0) index_.reserve(vocab_size);
     if (options_.top_p < 1.0) {
       histogram_.reserve(2 * detail::nucleus_histogram_size);
       codes_.reserve(vocab_size);
@@ -896,9 +894,7 @@ class Standardizer {
   // entries a stride apart cost about as much as reading a quarter of the row. Each
   // entry's weight and bucket go to sample_ and codes_ (detail::sample_runs), each run's
   // sampled weight below bucket 0 to run_mass_, the buckets' sampled weights to
-  // histogram_ with a list per bucket of its entries (sample_next_ from sample_head_), and
-  // to sample_heavy_buckets_ how many top buckets hold fewer than heavy_sampled sampled
-  // entries (heavy_retry lists their entries).
+  // histogram_ with a list per bucket of its entries (sample_next_ from sample_head_).
   template <class U>
   void take_sample(std::span<const U> key, std::span<const T> weights, std::int64_t top_code) {
     const std::size_t size = key.size();
@@ -925,17 +921,6 @@ class Standardizer {
       sample_next_[e] = sample_head_[code];
       sample_head_[code] = static_cast<std::int32_t>(e);
     }
-    // The heavy buckets: the top ones, holding fewer than heavy_sampled sampled entries.
-    std::size_t seen = 0;
-    std::size_t heavy = 0;
-    for (; heavy < buckets; ++heavy) {
-      for (std::int32_t e = sample_head_[heavy]; e != no_entry;
-           e = sample_next_[static_cast<std::size_t>(e)]) {
-        ++seen;
-      }
-      if (seen >= heavy_sampled) break;
-    }
-    sample_heavy_buckets_ = heavy;
   }
 
   // The band from take_sample's sample for a row of `size` entries and mass `total`.
@@ -1021,11 +1006,10 @@ class Standardizer {
   // much of the mass (the common shape of a language model's row): the sample rarely holds
   // them (and scales one it holds up as if it stood for size / 2048 entries), and its
   // estimate places their mass in the top bucket, wherever they lie. The entries of the
-  // top buckets, which hold fewer than heavy_sampled sampled entries (take_sample's
-  // sample_heavy_buckets_; about heavy_sampled * size / 2048 entries expected), are listed
-  // in one pass over the keys, their exact masses per bucket replace the sample there, and
-  // the band placed from that is passed and resolved as the first was. False when it
-  // misses too (the caller's full histogram).
+  // top buckets, which hold fewer than heavy_sampled sampled entries (about
+  // heavy_sampled * size / 2048 entries expected), are listed in one pass over the keys, their
+  // exact masses per bucket replace the sample there, and the band placed from that is passed and
+  // resolved as the first was. False when it misses too (the caller's full histogram).
   template <class U>
   SPECDEC_NO_CONTRACT std::pair<nucleus<U>, bool> heavy_retry(std::span<const U> key,
                                                               std::span<const T> weights,
@@ -1033,7 +1017,16 @@ class Standardizer {
     constexpr std::size_t buckets = detail::nucleus_buckets;
     const nucleus<U> none{U(0), 0, 0.0};
     const std::size_t size = key.size();
-    const std::size_t heavy_buckets = sample_heavy_buckets_;
+    // The heavy buckets: the top ones, holding fewer than heavy_sampled sampled entries.
+    std::size_t seen = 0;
+    std::size_t heavy_buckets = 0;
+    for (; heavy_buckets < buckets; ++heavy_buckets) {
+      for (std::int32_t e = sample_head_[heavy_buckets]; e != no_entry;
+           e = sample_next_[static_cast<std::size_t>(e)]) {
+        ++seen;
+      }
+      if (seen >= heavy_sampled) break;
+    }
     if (heavy_buckets == 0) return {none, false};
     // The top buckets: keys from this one up (larger keys count in bucket 0), or every
     // positive key when the sample holds fewer than heavy_sampled entries with weight.
@@ -1106,17 +1099,18 @@ class Standardizer {
       above += band_mass[boundary];
     }
     if (boundary >= used) return {none, false};  // the end lies below the band
-    // The boundary bucket's ids, in band order.
-    index_.resize(found.count + detail::nucleus_band_slack);
-    index_.resize(detail::list_bucket(code, band, found.count, static_cast<std::uint16_t>(boundary),
-                                      index_.data()));
-    const auto [end, reached] =
-        nucleus_end(key, weights, index_.begin(), index_.end(), needed - above);
+    // The boundary bucket's ids, in band order, listed over the band's own front (the band
+    // is not read again; its storage has the list's slack).
+    const auto listed = band_.begin();
+    const auto listed_end =
+        listed + static_cast<std::ptrdiff_t>(detail::list_bucket(
+                     code, band, found.count, static_cast<std::uint16_t>(boundary), band_.data()));
+    const auto [end, reached] = nucleus_end(key, weights, listed, listed_end, needed - above);
     if (!reached) return {none, false};  // rounding between the two orders of addition
     const std::uint32_t end_id = *(end - 1);
-    std::sort(index_.begin(), end);
+    std::sort(listed, end);
     double mass = above;
-    for (auto it = index_.begin(); it != end; ++it) mass += static_cast<double>(weights[*it]);
+    for (auto it = listed; it != end; ++it) mass += static_cast<double>(weights[*it]);
     return {{key[end_id], end_id, mass}, true};
   }
 
@@ -1172,7 +1166,6 @@ class Standardizer {
   std::vector<double> run_mass_;           // its runs' weights below bucket 0
   std::vector<double> run_left_;           // place_band: the runs' weights below its bucket
   std::vector<double> exact_;              // heavy_retry: the listed entries' mass per bucket
-  std::size_t sample_heavy_buckets_ = 0;   // take_sample: the top buckets heavy_retry lists
   std::vector<std::int32_t> sample_head_;  // the first sampled entry of each bucket
   std::vector<std::int32_t> sample_next_;  // the next sampled entry of the same bucket
 };

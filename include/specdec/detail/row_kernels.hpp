@@ -544,6 +544,15 @@ SPECDEC_TARGET_AVX2 void build_float_table_avx2(const Source& source, mass_table
         first + table.superblock_elements < size ? first + table.superblock_elements : size;
     double mass = 0.0;
     for (std::size_t b = first; b < last; b += kernel_block) {
+      if constexpr (requires(double& sum) {
+                      before_block.write_and_sum_block_avx2(source, b, sum);
+                    }) {
+        // A hook writing the block that the source reads may write and sum a full block in
+        // one loop (nucleus_keep_hook); it declines the blocks it does not take.
+        if (size - b >= kernel_block && before_block.write_and_sum_block_avx2(source, b, mass)) {
+          continue;
+        }
+      }
       before_block(b, last - b < kernel_block ? last - b : kernel_block);
       if (size - b < kernel_block) {
         mass += elementwise_block_sum<float>(source, b, size - b);
@@ -585,10 +594,6 @@ void build_mass_table_dispatch(const Source& source, mass_table& table,
                                BeforeBlock& before_block) noexcept {
 #if SPECDEC_DISPATCH_AVX2
   if constexpr (explicit_float_table<Source>) {
-    if constexpr (requires { before_block.fused_table_avx2(source, table); }) {
-      // A hook writing the row that the table sums may do both in one loop.
-      if (use_avx2_build() && before_block.fused_table_avx2(source, table)) return;
-    }
     if (use_avx2_build()) return build_float_table_avx2(source, table, before_block);
   }
 #endif

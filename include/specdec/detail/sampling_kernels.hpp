@@ -349,30 +349,31 @@ inline constexpr std::size_t nucleus_buckets = 1024;
 inline constexpr std::size_t nucleus_histogram_size = nucleus_buckets + 1;
 inline constexpr std::size_t nucleus_chunk = 64;
 
+/// The bucket of a positive value below the top code: its magnitude code's distance from
+/// top_code, larger values in bucket 0, the smallest in the last (branch-free: vectorizes).
+template <class T>
+SPECDEC_KERNEL_INLINE std::int32_t clamped_bucket(T value, std::int32_t top_code) noexcept {
+  using word = std::conditional_t<sizeof(T) == 8, std::uint64_t, std::uint32_t>;
+  constexpr unsigned shift = sizeof(T) == 8 ? 48U : 19U;  // magnitude_code's
+  std::int32_t offset = top_code - static_cast<std::int32_t>(std::bit_cast<word>(value) >> shift);
+  offset = offset < 0 ? 0 : offset;
+  return offset > std::int32_t{nucleus_buckets - 1} ? std::int32_t{nucleus_buckets - 1} : offset;
+}
+
 /// bucket[k] = the bucket of weights[k], k < nucleus_chunk (branch-free: vectorizes).
 template <class T>
 SPECDEC_KERNEL_INLINE void nucleus_chunk_buckets(const T* weights, std::int32_t top_code,
                                                  std::int32_t* bucket) noexcept {
-  using word = std::conditional_t<sizeof(T) == 8, std::uint64_t, std::uint32_t>;
-  constexpr unsigned shift = sizeof(T) == 8 ? 48U : 19U;
   for (std::size_t k = 0; k < nucleus_chunk; ++k) {
     const T weight = weights[k];
-    const auto code = static_cast<std::int32_t>(std::bit_cast<word>(weight) >> shift);
-    std::int32_t offset = top_code - code;
-    offset = offset < 0 ? 0 : offset;
-    offset =
-        offset > std::int32_t{nucleus_buckets - 1} ? std::int32_t{nucleus_buckets - 1} : offset;
+    const std::int32_t offset = clamped_bucket(weight, top_code);
     bucket[k] = weight > T(0) ? offset : std::int32_t{nucleus_buckets};
   }
 }
 
 template <class T>
 SPECDEC_KERNEL_INLINE std::int32_t nucleus_bucket(T weight, std::int32_t top_code) noexcept {
-  const auto offset = top_code - static_cast<std::int32_t>(magnitude_code(weight));
-  if (!(weight > T(0))) return std::int32_t{nucleus_buckets};
-  return offset < 0 ? 0
-                    : (offset >= std::int32_t{nucleus_buckets} ? std::int32_t{nucleus_buckets - 1}
-                                                               : offset);
+  return weight > T(0) ? clamped_bucket(weight, top_code) : std::int32_t{nucleus_buckets};
 }
 
 /// Adds every weight into its bucket of two histograms (`mass`: 2 nucleus_histogram_size
@@ -503,7 +504,7 @@ struct nucleus_keep_hook {
   }
 
 #if SPECDEC_DISPATCH_AVX2
-  /// One full block of fused_table_avx2 on one side of `last` (Keep: the comparison).
+  /// One full block of write_and_sum_block_avx2 on one side of `last` (Keep: the comparison).
   template <int Keep>
   SPECDEC_TARGET_AVX2 __attribute__((always_inline)) static double keep_block_avx2(
       const float* row, float* written, std::size_t b, __m256 bound, __m256 factor) noexcept {
@@ -524,67 +525,36 @@ struct nucleus_keep_hook {
     return reduce_block_lanes_avx2(low, high);
   }
 
-  /// The draw's table over the written row at T = 1 (keys and weights the model's float
-  /// row, `source` the output row) with the nucleus written in the same loop:
-  /// build_float_table_avx2's table, bitwise, where each full block on one side of `last`
-  /// keeps and scales 8 entries at a time, stores them and adds the stored values into the
-  /// block's lanes (a kept entry is w * scale with w >= last_key > 0, every other one +0:
-  /// max(x, 0) would return each as it is), instead of writing the block and reading it
-  /// back. The block holding `last` and a last partial block take operator() and the
-  /// generic sums. False where it does not apply (the caller's pass runs instead). On a
-  /// 2-vCPU AMD EPYC (Zen 5), one 128k row: 11.2 us, against 21.7 for the hook's write
-  /// and the table's read of it (a memcpy of the row: 6.3 us).
+  /// build_float_table_avx2's full block [b, b + kernel_block) of the draft's written row at
+  /// T = 1 (keys and weights the model's float row, `source` the output row), written and
+  /// summed in one loop instead of written by operator() and read back: keeps and scales 8
+  /// entries at a time, stores them and adds the stored values into the block's lanes (a
+  /// kept entry is w * scale with w >= last_key > 0, every other one +0: max(x, 0) would
+  /// return each as it is), so the row and the block's sum are bitwise the hook's and the
+  /// generic sum's. Adds the sum to `mass` and returns true; returns false, doing nothing,
+  /// for the block holding `last` (whose ties are kept only up to it) and for other rows
+  /// and types (the caller's hook call and sums then). On a 2-vCPU AMD EPYC (Zen 5), one
+  /// 128k row: 11.2 us, against 21.7 for the hook's write and the table's read of it (a
+  /// memcpy of the row: 6.3 us).
   template <class Source>
-  SPECDEC_TARGET_AVX2 bool fused_table_avx2(const Source& source,
-                                            mass_table& table) const noexcept {
+  SPECDEC_TARGET_AVX2 __attribute__((always_inline)) bool write_and_sum_block_avx2(
+      const Source& source, std::size_t b, double& mass) const noexcept {
     if constexpr (std::is_same_v<U, float> && std::is_same_v<T, float> &&
                   std::is_same_v<Source, row_source<float>>) {
       if (static_cast<const void*>(key) != static_cast<const void*>(weights) || source.row != out ||
-          out == nullptr) {
+          (b <= last && last < b + kernel_block)) {
         return false;
       }
-      const std::size_t size = source.size();
-      lay_out_superblocks(table, size);
-      const float* const row = key;
-      float* const written = out;
-      const __m256 zero = _mm256_setzero_ps();
       const __m256 bound = _mm256_set1_ps(last_key);
       const __m256 factor = _mm256_set1_ps(scale);
-      double total = 0.0;
-      for (std::size_t s = 0; s < table.superblocks; ++s) {
-        const std::size_t first = s * table.superblock_elements;
-        const std::size_t last_entry =
-            first + table.superblock_elements < size ? first + table.superblock_elements : size;
-        double mass = 0.0;
-        for (std::size_t b = first; b < last_entry; b += kernel_block) {
-          if (size - b < kernel_block) {
-            (*this)(b, size - b);
-            mass += elementwise_block_sum<float>(source, b, size - b);
-            continue;
-          }
-          if (b <= last && last < b + kernel_block) {  // ties kept up to `last` only
-            (*this)(b, kernel_block);
-            __m256 low = zero;
-            __m256 high = zero;
-            for (std::size_t i = b; i < b + kernel_block; i += kernel_lanes) {
-              low = _mm256_add_ps(low, float_table_weights(source, i, zero));
-              high = _mm256_add_ps(high, float_table_weights(source, i + 8, zero));
-            }
-            mass += reduce_block_lanes_avx2(low, high);
-          } else {  // ids before `last` keep last_key's ties, ids after it do not
-            mass += b + kernel_block <= last
-                        ? keep_block_avx2<_CMP_GE_OQ>(row, written, b, bound, factor)
-                        : keep_block_avx2<_CMP_GT_OQ>(row, written, b, bound, factor);
-          }
-        }
-        total += mass;
-        table.cumulative_mass[s] = total;
-      }
-      table.total = total;
+      // Ids before `last` keep last_key's ties, ids after it do not.
+      mass += b + kernel_block <= last ? keep_block_avx2<_CMP_GE_OQ>(key, out, b, bound, factor)
+                                       : keep_block_avx2<_CMP_GT_OQ>(key, out, b, bound, factor);
       return true;
     } else {
       static_cast<void>(source);
-      static_cast<void>(table);
+      static_cast<void>(b);
+      static_cast<void>(mass);
       return false;
     }
   }
@@ -1485,8 +1455,6 @@ SPECDEC_KERNEL_INLINE void sample_runs_body(const U* key, const T* weights, std:
                                             std::int32_t top_code, T* __restrict weight_of,
                                             std::uint16_t* __restrict code_of,
                                             double* run_mass) noexcept {
-  using word = std::conditional_t<sizeof(U) == 8, std::uint64_t, std::uint32_t>;
-  constexpr unsigned shift = sizeof(U) == 8 ? 48U : 19U;
   constexpr std::size_t run = nucleus_sample_run<U>;
   static_assert(run % 4 == 0);
   const bool separate = static_cast<const void*>(weights) != static_cast<const void*>(key);
@@ -1504,10 +1472,7 @@ SPECDEC_KERNEL_INLINE void sample_runs_body(const U* key, const T* weights, std:
     for (std::size_t i = 0; i < run; ++i) {
       const U k = run_keys[i];
       const T weight = run_weights[i];
-      std::int32_t offset = top_code - static_cast<std::int32_t>(std::bit_cast<word>(k) >> shift);
-      offset = offset < 0 ? 0 : offset;
-      offset =
-          offset > std::int32_t{nucleus_buckets - 1} ? std::int32_t{nucleus_buckets - 1} : offset;
+      const std::int32_t offset = clamped_bucket(k, top_code);  // by the key
       const bool counted = k > U(0) && weight > T(0);
       weight_out[i] = counted ? weight : T(0);
       code_out[i] = static_cast<std::uint16_t>(counted ? offset : std::int32_t{nucleus_buckets});
@@ -1674,14 +1639,12 @@ void band_codes(const U* key, const T* weights, const std::uint32_t* band, std::
 
 /// Lists the ids band[i] whose code[i] is `bucket` (i < count) into out, in order, and returns
 /// how many. `out` has room for count + nucleus_band_slack ids (the vector build stores
-/// whole packs).
-template <bool Vector>
+/// whole packs); it may be `band` itself (each pack is read before the list reaches it).
 SPECDEC_KERNEL_INLINE std::size_t list_bucket_body(const std::uint16_t* code,
                                                    const std::uint32_t* band, std::size_t from,
                                                    std::size_t count, std::uint16_t bucket,
                                                    std::uint32_t* out,
                                                    std::size_t listed) noexcept {
-  static_cast<void>(Vector);
   for (std::size_t i = from; i < count; ++i) {
     out[listed] = band[i];
     listed += code[i] == bucket ? std::size_t{1} : std::size_t{0};
@@ -1705,7 +1668,7 @@ SPECDEC_TARGET_AVX512 inline std::size_t list_bucket_avx512(const std::uint16_t*
     _mm512_storeu_si512(out + listed, _mm512_maskz_compress_epi32(match, ids));
     listed += static_cast<std::size_t>(std::popcount(static_cast<unsigned>(match)));
   }
-  return list_bucket_body<false>(code, band, i, count, bucket, out, listed);
+  return list_bucket_body(code, band, i, count, bucket, out, listed);
 }
 #endif
 
@@ -1716,7 +1679,7 @@ inline std::size_t list_bucket(const std::uint16_t* code, const std::uint32_t* b
 #if SPECDEC_DISPATCH_AVX512
   if (use_avx512()) return list_bucket_avx512(code, band, count, bucket, out);
 #endif
-  return list_bucket_body<false>(code, band, 0, count, bucket, out, 0);
+  return list_bucket_body(code, band, 0, count, bucket, out, 0);
 }
 SPECDEC_KERNELS_END
 
