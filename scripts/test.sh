@@ -19,10 +19,11 @@
 #   (build/fuzz) and run for SPECDEC_FUZZ_SECONDS each from a temporary copy of the
 #   committed seed corpus (a crash or invariant violation fails the stage; the input is
 #   kept under build/fuzz/artifacts).
-# The test programs of the gcc, asan and tsan builds link specdec::kernels (the row kernels
-# compiled once per build, include/specdec/kernel_instances.hpp); the examples, benchmarks,
-# header checks, fuzzers and the native stage compile them header-only in every unit, and
-# the add_subdirectory consumer runs both ways.
+# The test, example and benchmark programs of the gcc, asan and tsan builds link
+# specdec::kernels (the row kernels compiled once per build, include/specdec/kernel_instances.hpp;
+# SPECDEC_LINK_KERNELS); README's usage example, the header checks, the fuzzers and the
+# native stage compile them header-only in every unit, and the add_subdirectory consumer
+# runs both ways.
 # Exits non-zero on any failure; the last lines summarise each stage.
 #
 # Environment: SPECDEC_JOBS (parallel jobs, default nproc), SPECDEC_CONFIGS (default
@@ -197,7 +198,7 @@ if [ "${SPECDEC_SKIP_NATIVE:-0}" != 1 ]; then
   fma=without
   grep -qw fma /proc/cpuinfo 2>/dev/null && fma=with
   if cmake -S . -B build/native -G Ninja -DCMAKE_CXX_COMPILER=g++ -DSPECDEC_WERROR=ON \
-    -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS="-march=native" -DSPECDEC_TEST_EXTERN_KERNELS=OFF \
+    -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS="-march=native" -DSPECDEC_LINK_KERNELS=OFF \
     -DSPECDEC_BUILD_BENCHMARKS=OFF -DSPECDEC_BUILD_EXAMPLES=OFF >"$log" 2>&1 &&
     cmake --build build/native --target kernel_path_test sampling_test vector_math_test \
       -j "$jobs" >>"$log" 2>&1 &&
