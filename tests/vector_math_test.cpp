@@ -14,6 +14,7 @@
 #include <catch2/catch_template_test_macros.hpp>
 #include <catch2/catch_test_macros.hpp>
 
+#include "specdec/detail/sampling_kernels.hpp"
 #include "specdec/detail/vector_math.hpp"
 #include "specdec/kernel_path.hpp"
 #include "specdec/random.hpp"
@@ -286,6 +287,45 @@ TEMPLATE_TEST_CASE("vector_math: tempered rows take the plain form only in block
       }
       CHECK(mismatches == 0);
       if (temperature == 0.25) CHECK(flushed > 0);  // rows that reach the floor are covered
+
+      // The mass-taking forms (top-p's mass at T != 1, and the validation screen of the
+      // first pass): the same rows bitwise, and each mass bitwise the scalar definition of
+      // its order over the row it sums (detail::finish_mass: blocks of 128 in 16 lanes of
+      // T, widened per block), which is also the total nucleus_screened_band takes.
+      const auto mass_of = [size](const std::vector<T>& v) {
+        sd::mass_lanes lanes{};
+        return sd::finish_mass(v.data(), size, lanes);
+      };
+      std::vector<T> with_mass(size);
+      const double mass =
+          sd::tempered_weights_mass(row.data(), with_mass.data(), size, log_top, scale);
+      const auto same_row = [size](const std::vector<T>& a, const std::vector<T>& b) {
+        return std::memcmp(a.data(), b.data(), size * sizeof(T)) == 0;  // NaN lanes too
+      };
+      CHECK(same_row(with_mass, weights));
+      CHECK(same_bits(mass, mass_of(weights)));
+      std::vector<T> screened_halves(size);
+      const auto screened = sd::log2_with_max_screen(row.data(), screened_halves.data(), size);
+      CHECK(same_bits(screened.maximum, largest));
+      bool signs = true;  // every entry >= 0: no NaN, no negative entry
+      for (const T x : row) signs = signs && x >= T(0);
+      CHECK(screened.signs_passed == signs);
+      CHECK(same_bits(screened.total, mass_of(row)));
+      const double shifted_mass = sd::exp2_shifted_mass(
+          screened_halves.data(), screened_halves.data(), size, log_top, scale);
+      CHECK(same_row(screened_halves, weights));
+      CHECK(same_bits(shifted_mass, mass));
+      std::vector<std::uint32_t> band(size + sd::nucleus_band_slack);
+      const auto fused = sd::nucleus_screened_band(row.data(), size, T(0.5), T(0.25), band.data());
+      CHECK(same_bits(fused.screen.total, screened.total));
+      // Within the order's error bound of the exact mass (8 u_T for non-negative terms).
+      long double exact = 0.0L;
+      for (const T x : weights) exact += x > T(0) ? static_cast<long double>(x) : 0.0L;
+      if (std::isfinite(static_cast<double>(exact))) {
+        CHECK(std::fabs(static_cast<double>(exact) - mass) <=
+              8.0 * static_cast<double>(std::numeric_limits<T>::epsilon()) *
+                  static_cast<double>(exact));
+      }
     }
     specdec::reset_kernel_path();
   }

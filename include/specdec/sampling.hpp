@@ -240,11 +240,20 @@ class Standardizer {
                    ? detail::max_entry(probabilities.data(), size)
                    : found;
       };
+      const bool every_weight = options_.top_k == 0 || options_.top_k >= size;
       if (options_.temperature != 1.0 && screen != nullptr && screens_first_pass<U>(size)) {
-        // The maximum with the row's mass and signs (the caller's validation screen).
-        const auto first = detail::nucleus_max_total(probabilities.data(), size);
-        maximum = with_nan_rule(first.maximum);
-        *screen = {first.signs_passed, first.total};
+        // The maximum with the row's mass and signs (the caller's validation screen); with
+        // every tempered weight to write, the pass writes the entries' log2 too (below).
+        if (every_weight) {
+          const auto first = detail::log2_with_max_screen(probabilities.data(), out.data(), size);
+          maximum = with_nan_rule(first.maximum);
+          *screen = {first.signs_passed, first.total};
+          logs_written = true;
+        } else {
+          const auto first = detail::nucleus_max_total(probabilities.data(), size);
+          maximum = with_nan_rule(first.maximum);
+          *screen = {first.signs_passed, first.total};
+        }
       } else if (options_.temperature == 1.0 && screens_first_pass<U>(size)) {
         const auto first = nucleus_first_pass(probabilities);
         maximum = with_nan_rule(first.screen.maximum);
@@ -256,7 +265,7 @@ class Standardizer {
                        deferred);
           return static_cast<double>(maximum) / first.kept.mass;
         }
-      } else if (options_.temperature != 1.0 && (options_.top_k == 0 || options_.top_k >= size)) {
+      } else if (options_.temperature != 1.0 && every_weight) {
         // Every tempered weight will be written: the pass that takes the maximum writes
         // the entries' log2 into `out` (the first half of each weight; exp2_shifted does
         // the rest in place), so that no pass reads the row for its maximum alone.
@@ -314,13 +323,19 @@ class Standardizer {
         [probabilities, log_top, scale](std::size_t j) {
           return detail::tempered_weight(static_cast<T>(probabilities[j]), log_top, scale);
         },
-        [probabilities, log_top, scale, logs](std::span<T> all) {
+        [probabilities, log_top, scale, logs](std::span<T> all, bool mass) {
           if (logs != nullptr) {  // the log2 values the first pass wrote into `out` (= all)
             SPECDEC_ASSERT(all.data() == logs);
+            if (mass)
+              return detail::exp2_shifted_mass(logs, all.data(), all.size(), log_top, scale);
             detail::exp2_shifted(logs, all.data(), all.size(), log_top, scale);
           } else {
-            detail::tempered_weights(probabilities.data(), all.data(), all.size(), log_top, scale);
+            const U* const in = probabilities.data();
+            if (mass)
+              return detail::tempered_weights_mass(in, all.data(), all.size(), log_top, scale);
+            detail::tempered_weights(in, all.data(), all.size(), log_top, scale);
           }
+          return std::numeric_limits<double>::quiet_NaN();
         });
   }
 
@@ -458,8 +473,10 @@ class Standardizer {
   // Steps 2-5 (file comment). `key` ranks the tokens (probabilities or logits; higher
   // first, lower id first among equal keys; temperature keeps this order) and tokens with
   // key <= floor are impossible. weight_of(j) is the tempered weight of token j, fill_all
-  // writes every weight; top_weight is the weight of the top token. min-p keeps key >=
-  // min_key.
+  // writes every weight (fill_all(out), or fill_all(out, mass) where the pass can take the
+  // written weights' mass too: it returns it when `mass` asks, in the order of
+  // detail::tempered_weights_mass); top_weight is the weight of the top token. min-p keeps
+  // key >= min_key.
   template <class U, class WeightOf, class FillAll>
   double finish(std::span<const U> key, std::span<T> out, U floor, U top_key, U min_key,
                 bool use_min_p, T top_weight, WeightOf weight_of, FillAll fill_all,
@@ -467,6 +484,14 @@ class Standardizer {
                 double known_total = std::numeric_limits<double>::quiet_NaN(),
                 detail::nucleus_keep_hook<U, T>* deferred = nullptr) {
     const std::size_t size = key.size();
+    const auto fill = [&fill_all, out](bool mass) -> double {
+      if constexpr (std::is_invocable_v<FillAll&, std::span<T>, bool>) {
+        return fill_all(out, mass);
+      } else {
+        fill_all(out);
+        return std::numeric_limits<double>::quiet_NaN();
+      }
+    };
     const std::size_t k = options_.top_k;
     if (k != 0 && k < size) {
       // Top-k from the keys, weights only for the survivors (in increasing id order, so that
@@ -494,11 +519,12 @@ class Standardizer {
     }
     if (options_.top_p < 1.0 && !use_min_p) {
       // Top-p alone: the nucleus from the weights (the keys themselves at T = 1, else
-      // written into `out` first), then one pass writing the kept weights normalised by
-      // the nucleus mass.
+      // written into `out` first, with their mass where the pass takes it), then one pass
+      // writing the kept weights normalised by the nucleus mass.
       const T* weights = key_weights;
       if (weights == nullptr) {
-        fill_all(out);
+        const double mass = fill(true);
+        if (mass == mass) known_total = mass;
         weights = out.data();
       }
       const auto kept = find_nucleus(key, std::span<const T>(weights, size), floor, top_key,
@@ -511,7 +537,7 @@ class Standardizer {
                    static_cast<T>(1.0 / kept.mass), deferred);
       return static_cast<double>(top_weight) / kept.mass;
     }
-    fill_all(out);
+    (void)fill(false);
     if (options_.top_p < 1.0) {
       const auto kept = find_nucleus(key, std::span<const T>(out), floor, top_key, top_weight);
       detail::nucleus_keep(key.data(), out.data(), out.data(), size, kept.last_key, kept.last,
@@ -796,8 +822,9 @@ class Standardizer {
   static constexpr std::size_t band_buckets = 1024;
 
   // find_nucleus for a long row of probabilities (key > 0 for every possible token):
-  //  1. the mass of the row (one pass in double lanes, detail::nucleus_total; at T = 1 taken
-  //     with the row's maximum in apply's first pass);
+  //  1. the mass of the row (taken by an earlier pass: at T = 1 apply's first pass, at
+  //     T != 1 the pass that wrote the tempered weights; else a pass in double lanes,
+  //     detail::nucleus_total);
   //  2. 2048 entries, in evenly spaced runs of one cache line, estimate the mass below each
   //     bucket of width 2^(1/16) under the top key, with its standard error (from the
   //     spread of the runs' sampled weights below); the band is the buckets where the end of
@@ -817,7 +844,8 @@ class Standardizer {
                                                                        double known_total) {
     const std::size_t size = key.size();
     const nucleus<U> none{U(0), 0, 0.0};
-    // known_total: the same sum, taken with the row's maximum (nucleus_max_total).
+    // known_total: the row's mass from an earlier pass (at T = 1 apply's first pass; at
+    // T != 1 the pass that wrote the tempered weights, detail::tempered_weights_mass).
     const double total =
         known_total == known_total ? known_total : detail::nucleus_total(weights.data(), size);
     if (!(total > 0.0 && total <= std::numeric_limits<double>::max())) return {none, false};

@@ -42,6 +42,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "specdec/detail/row_kernels.hpp"
 #include "specdec/kernel_path.hpp"
 
 // A bit cast that instantiates no function (std::bit_cast returning a 32-byte pack from a
@@ -408,6 +409,61 @@ inline void map_lanes(const U* in, T* out, std::size_t size, Lane lane) noexcept
 
 /// Entries per block of the screened passes below.
 inline constexpr std::size_t tempered_block = 256;
+static_assert(tempered_block % kernel_block == 0);
+
+/// The positive mass of a written row as nucleus_screened_band sums a row's total
+/// (sampling_kernels.hpp): each block of kernel_block entries in 16 lanes of T (entry j in
+/// lane j % 16, each lane in entry order; a NaN, zero or negative entry adds +0), the
+/// block's lanes widened into 16 double lanes, combined by pairwise_sum16 at the end. The
+/// mass-taking forms of the screened passes (tempered_weights_mass, exp2_shifted_mass) add
+/// each block while it is in L1, instead of a pass of their caller's over the row.
+using mass_lanes = std::array<double, kernel_lanes>;
+
+/// Adds the `count` entries at `from` (count <= kernel_block; `from` starts a block) as one
+/// block, one entry at a time.
+template <class T>
+SPECDEC_KERNEL_INLINE void add_mass_entries(const T* from, std::size_t count,
+                                            mass_lanes& lanes) noexcept {
+  std::array<T, kernel_lanes> block{};
+  for (std::size_t i = 0; i < count; ++i) {
+    const T value = from[i];
+    block[i % kernel_lanes] += value > T(0) ? value : T(0);
+  }
+  for (std::size_t k = 0; k < kernel_lanes; ++k) lanes[k] += static_cast<double>(block[k]);
+}
+
+/// Adds the `count` entries at `from` (a block start) block by block and returns the mass.
+template <class T>
+[[nodiscard]] SPECDEC_KERNEL_INLINE double finish_mass(const T* from, std::size_t count,
+                                                       mass_lanes& lanes) noexcept {
+  std::size_t j = 0;
+  for (; j + kernel_block <= count; j += kernel_block)
+    add_mass_entries(from + j, kernel_block, lanes);
+  add_mass_entries(from + j, count - j, lanes);
+  return pairwise_sum16(lanes.data());
+}
+
+#if SPECDEC_VECTOR_MATH_PACKS
+/// add_mass_entries for a full block, on packs of `Bytes` (the same additions, lane for lane).
+template <std::size_t Bytes, class T>
+SPECDEC_KERNEL_INLINE void add_mass_block(const T* from, mass_lanes& lanes) noexcept {
+  using pack = pack_t<T, Bytes>;
+  constexpr std::size_t width = Bytes / sizeof(T);
+  static_assert(kernel_lanes % width == 0);
+  constexpr std::size_t packs = kernel_lanes / width;
+  pack sum[packs] = {};
+  for (std::size_t g = 0; g < kernel_block; g += kernel_lanes) {
+    for (std::size_t h = 0; h < packs; ++h) {
+      pack x;
+      std::memcpy(&x, from + g + h * width, sizeof x);
+      sum[h] += x > pack{} ? x : pack{};  // NaN, -0 and negative lanes add +0
+    }
+  }
+  std::array<T, kernel_lanes> block;
+  std::memcpy(block.data(), sum, sizeof sum);
+  for (std::size_t k = 0; k < kernel_lanes; ++k) lanes[k] += static_cast<double>(block[k]);
+}
+#endif
 
 /// The range of entries a screened pass may give its plain form (tempered_weights,
 /// exp2_shifted and shifted_exp compute it): [from, to], where every lane the form sees is
@@ -425,11 +481,13 @@ struct plain_range {
 /// without the selections for special values, bitwise the same results on such entries) two
 /// packs per iteration, so that their two long chains of dependent operations overlap (a
 /// 64k float row in L2: 52.3 -> 49.0 us with AVX-512, best of 3000 runs); any other block,
-/// and the tail, takes `full` (map_lanes). In place works (a block is read whole before it
-/// is written). Returns where the tail starts.
-template <std::size_t Bytes, class T, class Fits, class Plain, class Full>
+/// and the tail, takes `full` (map_lanes). `written(out + j)` sees each block once it is
+/// written, while it is in L1. In place works (a block is read whole before it is
+/// written). Returns where the tail starts.
+template <std::size_t Bytes, class T, class Fits, class Plain, class Full, class Written>
 SPECDEC_KERNEL_INLINE std::size_t screened_blocks(const T* in, T* out, std::size_t size, Fits fits,
-                                                  Plain plain, Full full) noexcept {
+                                                  Plain plain, Full full,
+                                                  Written written) noexcept {
   using pack = pack_t<T, Bytes>;
   constexpr std::size_t width = Bytes / sizeof(T);
   static_assert(tempered_block % (2 * width) == 0);
@@ -454,10 +512,27 @@ SPECDEC_KERNEL_INLINE std::size_t screened_blocks(const T* in, T* out, std::size
     } else {
       map_lanes<Bytes>(in + j, out + j, tempered_block, full);
     }
+    written(out + j);
   }
   map_lanes<Bytes>(in + j, out + j, size - j, full);
   return j;
 }
+
+/// screened_blocks' `written` for a pass that takes no mass, and for one that does.
+struct no_mass {
+  template <class T>
+  SPECDEC_KERNEL_INLINE void operator()(const T*) const noexcept {}
+};
+template <std::size_t Bytes>
+struct add_block_mass {
+  mass_lanes* lanes;
+  template <class T>
+  SPECDEC_KERNEL_INLINE void operator()(const T* block) const noexcept {
+    for (std::size_t b = 0; b < tempered_block; b += kernel_block) {
+      add_mass_block<Bytes>(block + b, *lanes);
+    }
+  }
+};
 
 /// The largest of a pack's unsigned lanes.
 template <std::size_t Bytes, class T>
@@ -529,41 +604,64 @@ template <std::size_t Bytes, class T>
 #endif
 
 /// tempered_weights: blocks whose entries all lie in the plain range (normal, exponent in
-/// [floor + 1, 64]) take tempered_lanes<true>.
-template <std::size_t Bytes, class T, class U>
-SPECDEC_KERNEL_INLINE void tempered_weights_body(const U* in, T* out, std::size_t size, T log_top,
-                                                 T scale, plain_range<T> plain) noexcept {
+/// [floor + 1, 64]) take tempered_lanes<true>. With `Mass`, returns the written row's
+/// positive mass (mass_lanes' order), else 0.
+template <std::size_t Bytes, bool Mass, class T, class U>
+SPECDEC_KERNEL_INLINE double tempered_weights_body(const U* in, T* out, std::size_t size, T log_top,
+                                                   T scale, plain_range<T> plain) noexcept {
   const auto full = [log_top, scale](auto& x)
                         SPECDEC_LAMBDA_INLINE { tempered_lanes(x, log_top, scale); };
+  mass_lanes lanes{};
 #if SPECDEC_VECTOR_MATH_PACKS
   if constexpr (std::is_same_v<T, U>) {
     using word = typename float_bits<T>::uint;
     const bool any = plain.from <= plain.to;
     const auto from = SPECDEC_BIT_CAST(word, plain.from);
     const word room = any ? SPECDEC_BIT_CAST(word, plain.to) - from : word{0};
-    (void)screened_blocks<Bytes>(
-        in, out, size,
-        [any, from, room](const T* block) SPECDEC_LAMBDA_INLINE {
-          return any && block_in_bits_range<Bytes>(block, from, room,
-                                                   [](const auto&) SPECDEC_LAMBDA_INLINE {});
-        },
-        [log_top, scale](auto& x)
-            SPECDEC_LAMBDA_INLINE { tempered_lanes<true>(x, log_top, scale); },
-        full);
-    return;
+    const auto fits = [any, from, room](const T* block) SPECDEC_LAMBDA_INLINE {
+      return any && block_in_bits_range<Bytes>(block, from, room,
+                                               [](const auto&) SPECDEC_LAMBDA_INLINE {});
+    };
+    const auto plain_lanes = [log_top, scale](auto& x)
+                                 SPECDEC_LAMBDA_INLINE { tempered_lanes<true>(x, log_top, scale); };
+    if constexpr (Mass) {
+      const std::size_t j = screened_blocks<Bytes>(in, out, size, fits, plain_lanes, full,
+                                                   add_block_mass<Bytes>{&lanes});
+      return finish_mass(out + j, size - j, lanes);
+    } else {
+      (void)screened_blocks<Bytes>(in, out, size, fits, plain_lanes, full, no_mass{});
+      return 0.0;
+    }
   }
 #endif
   static_cast<void>(plain);
   map_lanes<Bytes>(in, out, size, full);
+  if constexpr (Mass) return finish_mass(out, size, lanes);
+  return 0.0;
 }
 
+/// What log2_with_max takes from a row: its largest entry as span_max finds it (NaN
+/// entries passed over, -infinity when there is none) and, with the screen, the row's
+/// positive mass (mass_lanes' order over the row itself) and whether every entry is >= 0
+/// (no NaN, no negative entry).
+template <class T>
+struct log2_max_screen {
+  T maximum;
+  double total;
+  bool signs_passed;
+};
+
 /// log2_with_max: out[j] = log2(in[j]) as log2_lanes, blocks of normal positive finite
-/// entries without the special-value selections; returns the largest entry as span_max
-/// finds it (NaN entries passed over, -infinity when there is none).
-template <std::size_t Bytes, class T>
-SPECDEC_KERNEL_INLINE T log2_with_max_body(const T* in, T* out, std::size_t size) noexcept {
+/// entries without the special-value selections; the largest entry as span_max finds it,
+/// and with `Screen` the row's mass and signs (a block of normal positive entries passes
+/// its signs as it is screened; any other block is checked entry by entry).
+template <std::size_t Bytes, bool Screen, class T>
+SPECDEC_KERNEL_INLINE log2_max_screen<T> log2_with_max_body(const T* in, T* out,
+                                                            std::size_t size) noexcept {
   const auto full = [](auto& x) SPECDEC_LAMBDA_INLINE { logarithm_lanes<true>(x); };
   T maximum = -std::numeric_limits<T>::infinity();
+  mass_lanes lanes{};
+  bool signs_passed = true;
   std::size_t j = 0;
 #if SPECDEC_VECTOR_MATH_PACKS
   using pack = pack_t<T, Bytes>;
@@ -573,81 +671,107 @@ SPECDEC_KERNEL_INLINE T log2_with_max_body(const T* in, T* out, std::size_t size
   pack best = pack{} - std::numeric_limits<T>::infinity();
   j = screened_blocks<Bytes>(
       in, out, size,
-      [&best](const T* block) SPECDEC_LAMBDA_INLINE {
-        return block_in_bits_range<Bytes>(
+      [&](const T* block) SPECDEC_LAMBDA_INLINE {  // best; with Screen, lanes and signs_passed
+        const bool fits = block_in_bits_range<Bytes>(
             block, from, room,
             [&best](const pack& x) SPECDEC_LAMBDA_INLINE { best = x > best ? x : best; });
+        if constexpr (Screen) {
+          for (std::size_t b = 0; b < tempered_block; b += kernel_block) {
+            add_mass_block<Bytes>(block + b, lanes);
+          }
+          if (!fits) {
+            for (std::size_t i = 0; i < tempered_block; ++i) {
+              signs_passed = signs_passed && block[i] >= T(0);
+            }
+          }
+        }
+        return fits;
       },
-      [](auto& x) SPECDEC_LAMBDA_INLINE { logarithm_lanes<true, true>(x); }, full);
+      [](auto& x) SPECDEC_LAMBDA_INLINE { logarithm_lanes<true, true>(x); }, full, no_mass{});
   for (std::size_t k = 0; k < Bytes / sizeof(T); ++k) {
     maximum = best[k] > maximum ? best[k] : maximum;  // NaN passed over
   }
 #else
   map_lanes<Bytes>(in, out, size, full);
 #endif
+  double total = 0.0;
+  if constexpr (Screen) {
+    for (std::size_t i = j; i < size; ++i) signs_passed = signs_passed && in[i] >= T(0);
+    total = finish_mass(in + j, size - j, lanes);
+  }
   for (; j < size; ++j) maximum = in[j] > maximum ? in[j] : maximum;
-  return maximum;
+  return {maximum, total, signs_passed};
 }
 
 /// exp_lanes (base e) or exp2_lanes (base2) of (x - top) * scale: blocks of finite x whose
 /// exponent lies in [floor + 1, 64] (screened on their order keys: x takes either sign)
 /// without the clamp, flush and NaN selections. shifted_exp (logits) and exp2_shifted (the
-/// log2 values of log2_with_max).
-template <std::size_t Bytes, bool base2, class T, class U>
-SPECDEC_KERNEL_INLINE void shifted_exp_lanes_body(const U* in, T* out, std::size_t size, T top,
-                                                  T scale, plain_range<T> plain) noexcept {
+/// log2 values of log2_with_max). With `Mass`, returns the written row's positive mass
+/// (mass_lanes' order), else 0.
+template <std::size_t Bytes, bool base2, bool Mass, class T, class U>
+SPECDEC_KERNEL_INLINE double shifted_exp_lanes_body(const U* in, T* out, std::size_t size, T top,
+                                                    T scale, plain_range<T> plain) noexcept {
   const auto full = [top, scale](auto& x) SPECDEC_LAMBDA_INLINE {
     x = (x - top) * scale;
     exponential_lanes<base2>(x);
   };
+  mass_lanes lanes{};
 #if SPECDEC_VECTOR_MATH_PACKS
   if constexpr (std::is_same_v<T, U>) {
     using word = typename float_bits<T>::uint;
     const bool any = plain.from <= plain.to;
     const word from = order_key(plain.from);
     const word room = any ? static_cast<word>(order_key(plain.to) - from) : word{0};
-    (void)screened_blocks<Bytes>(
-        in, out, size,
-        [any, from, room](const T* block)
-            SPECDEC_LAMBDA_INLINE { return any && block_in_key_range<Bytes>(block, from, room); },
-        [top, scale](auto& x) SPECDEC_LAMBDA_INLINE {
-          x = (x - top) * scale;
-          exponential_lanes<base2, true>(x);
-        },
-        full);
-    return;
+    const auto fits = [any, from, room](const T* block) SPECDEC_LAMBDA_INLINE {
+      return any && block_in_key_range<Bytes>(block, from, room);
+    };
+    const auto plain_lanes = [top, scale](auto& x) SPECDEC_LAMBDA_INLINE {
+      x = (x - top) * scale;
+      exponential_lanes<base2, true>(x);
+    };
+    if constexpr (Mass) {
+      const std::size_t j = screened_blocks<Bytes>(in, out, size, fits, plain_lanes, full,
+                                                   add_block_mass<Bytes>{&lanes});
+      return finish_mass(out + j, size - j, lanes);
+    } else {
+      (void)screened_blocks<Bytes>(in, out, size, fits, plain_lanes, full, no_mass{});
+      return 0.0;
+    }
   }
 #endif
   static_cast<void>(plain);
   map_lanes<Bytes>(in, out, size, full);
+  if constexpr (Mass) return finish_mass(out, size, lanes);
+  return 0.0;
 }
 
-template <std::size_t Bytes, class T>
-SPECDEC_KERNEL_INLINE void exp2_shifted_body(const T* in, T* out, std::size_t size, T top, T scale,
-                                             plain_range<T> plain) noexcept {
-  shifted_exp_lanes_body<Bytes, true>(in, out, size, top, scale, plain);
+template <std::size_t Bytes, bool Mass, class T>
+SPECDEC_KERNEL_INLINE double exp2_shifted_body(const T* in, T* out, std::size_t size, T top,
+                                               T scale, plain_range<T> plain) noexcept {
+  return shifted_exp_lanes_body<Bytes, true, Mass>(in, out, size, top, scale, plain);
 }
 
 template <std::size_t Bytes, class T, class U>
 SPECDEC_KERNEL_INLINE void shifted_exp_body(const U* in, T* out, std::size_t size, T top, T scale,
                                             plain_range<T> plain) noexcept {
-  shifted_exp_lanes_body<Bytes, false>(in, out, size, top, scale, plain);
+  (void)shifted_exp_lanes_body<Bytes, false, false>(in, out, size, top, scale, plain);
 }
 
 #if SPECDEC_DISPATCH_AVX2
-template <class T, class U>
-SPECDEC_TARGET_AVX2 void tempered_weights_avx2(const U* in, T* out, std::size_t size, T log_top,
-                                               T scale, plain_range<T> plain) noexcept {
-  tempered_weights_body<32>(in, out, size, log_top, scale, plain);
+template <bool Mass, class T, class U>
+SPECDEC_TARGET_AVX2 double tempered_weights_avx2(const U* in, T* out, std::size_t size, T log_top,
+                                                 T scale, plain_range<T> plain) noexcept {
+  return tempered_weights_body<32, Mass>(in, out, size, log_top, scale, plain);
 }
-template <class T>
-SPECDEC_TARGET_AVX2 T log2_with_max_avx2(const T* in, T* out, std::size_t size) noexcept {
-  return log2_with_max_body<32>(in, out, size);
+template <bool Screen, class T>
+SPECDEC_TARGET_AVX2 log2_max_screen<T> log2_with_max_avx2(const T* in, T* out,
+                                                          std::size_t size) noexcept {
+  return log2_with_max_body<32, Screen>(in, out, size);
 }
-template <class T>
-SPECDEC_TARGET_AVX2 void exp2_shifted_avx2(const T* in, T* out, std::size_t size, T top, T scale,
-                                           plain_range<T> plain) noexcept {
-  exp2_shifted_body<32>(in, out, size, top, scale, plain);
+template <bool Mass, class T>
+SPECDEC_TARGET_AVX2 double exp2_shifted_avx2(const T* in, T* out, std::size_t size, T top, T scale,
+                                             plain_range<T> plain) noexcept {
+  return exp2_shifted_body<32, Mass>(in, out, size, top, scale, plain);
 }
 template <class T, class U>
 SPECDEC_TARGET_AVX2 void shifted_exp_avx2(const U* in, T* out, std::size_t size, T top, T scale,
@@ -656,19 +780,21 @@ SPECDEC_TARGET_AVX2 void shifted_exp_avx2(const U* in, T* out, std::size_t size,
 }
 #endif
 #if SPECDEC_DISPATCH_AVX512
-template <class T, class U>
-SPECDEC_TARGET_AVX512 void tempered_weights_avx512(const U* in, T* out, std::size_t size, T log_top,
-                                                   T scale, plain_range<T> plain) noexcept {
-  tempered_weights_body<64>(in, out, size, log_top, scale, plain);
+template <bool Mass, class T, class U>
+SPECDEC_TARGET_AVX512 double tempered_weights_avx512(const U* in, T* out, std::size_t size,
+                                                     T log_top, T scale,
+                                                     plain_range<T> plain) noexcept {
+  return tempered_weights_body<64, Mass>(in, out, size, log_top, scale, plain);
 }
-template <class T>
-SPECDEC_TARGET_AVX512 T log2_with_max_avx512(const T* in, T* out, std::size_t size) noexcept {
-  return log2_with_max_body<64>(in, out, size);
+template <bool Screen, class T>
+SPECDEC_TARGET_AVX512 log2_max_screen<T> log2_with_max_avx512(const T* in, T* out,
+                                                              std::size_t size) noexcept {
+  return log2_with_max_body<64, Screen>(in, out, size);
 }
-template <class T>
-SPECDEC_TARGET_AVX512 void exp2_shifted_avx512(const T* in, T* out, std::size_t size, T top,
-                                               T scale, plain_range<T> plain) noexcept {
-  exp2_shifted_body<64>(in, out, size, top, scale, plain);
+template <bool Mass, class T>
+SPECDEC_TARGET_AVX512 double exp2_shifted_avx512(const T* in, T* out, std::size_t size, T top,
+                                                 T scale, plain_range<T> plain) noexcept {
+  return exp2_shifted_body<64, Mass>(in, out, size, top, scale, plain);
 }
 template <class T, class U>
 SPECDEC_TARGET_AVX512 void shifted_exp_avx512(const U* in, T* out, std::size_t size, T top, T scale,
@@ -679,24 +805,25 @@ SPECDEC_TARGET_AVX512 void shifted_exp_avx512(const U* in, T* out, std::size_t s
 
 // The portable builds: out of line like any inline function (not inlined at every
 // dispatching call site, which would double the code the compiler optimizes).
-template <class T, class U>
-SPECDEC_PORTABLE_KERNEL inline void tempered_weights_portable(const U* in, T* out, std::size_t size,
-                                                              T log_top, T scale,
-                                                              plain_range<T> plain) noexcept {
-  tempered_weights_body<16>(in, out, size, log_top, scale, plain);
+template <bool Mass, class T, class U>
+SPECDEC_PORTABLE_KERNEL inline double tempered_weights_portable(const U* in, T* out,
+                                                                std::size_t size, T log_top,
+                                                                T scale,
+                                                                plain_range<T> plain) noexcept {
+  return tempered_weights_body<16, Mass>(in, out, size, log_top, scale, plain);
 }
 
-template <class T>
-SPECDEC_PORTABLE_KERNEL inline T log2_with_max_portable(const T* in, T* out,
-                                                        std::size_t size) noexcept {
-  return log2_with_max_body<16>(in, out, size);
+template <bool Screen, class T>
+SPECDEC_PORTABLE_KERNEL inline log2_max_screen<T> log2_with_max_portable(
+    const T* in, T* out, std::size_t size) noexcept {
+  return log2_with_max_body<16, Screen>(in, out, size);
 }
 
-template <class T>
-SPECDEC_PORTABLE_KERNEL inline void exp2_shifted_portable(const T* in, T* out, std::size_t size,
-                                                          T top, T scale,
-                                                          plain_range<T> plain) noexcept {
-  exp2_shifted_body<16>(in, out, size, top, scale, plain);
+template <bool Mass, class T>
+SPECDEC_PORTABLE_KERNEL inline double exp2_shifted_portable(const T* in, T* out, std::size_t size,
+                                                            T top, T scale,
+                                                            plain_range<T> plain) noexcept {
+  return exp2_shifted_body<16, Mass>(in, out, size, top, scale, plain);
 }
 
 template <class T, class U>
@@ -706,9 +833,9 @@ SPECDEC_PORTABLE_KERNEL inline void shifted_exp_portable(const U* in, T* out, st
   shifted_exp_body<16>(in, out, size, top, scale, plain);
 }
 
-/// out[j] = tempered_weight(in[j], log2_top, scale) for j < size (`in` may be `out`).
-template <class T, class U>
-void tempered_weights(const U* in, T* out, std::size_t size, T log_top, T scale) noexcept {
+/// The plain range of tempered_weights.
+template <class T>
+[[nodiscard]] inline plain_range<T> tempered_plain_range(T log_top, T scale) noexcept {
   // The plain range: x whose exponent (log2(x) - log2_top) * scale lies in [floor + 1, 64]
   // (exp2_lanes's floor; 2^64 p stays far from overflowing), from the smallest normal
   // number on. A whole unit of exponent spare at the bottom (and the top far above any
@@ -733,13 +860,34 @@ void tempered_weights(const U* in, T* out, std::size_t size, T log_top, T scale)
     plain.from = std::max(static_cast<T>(low), std::numeric_limits<T>::min());
     plain.to = static_cast<T>(std::min(high, largest));
   }
+  return plain;
+}
+
+/// tempered_weights on the active kernel path, with the written row's mass (Mass) or not.
+template <bool Mass, class T, class U>
+double tempered_weights_path(const U* in, T* out, std::size_t size, T log_top, T scale) noexcept {
+  const auto plain = tempered_plain_range(log_top, scale);
 #if SPECDEC_DISPATCH_AVX512
-  if (use_avx512()) return tempered_weights_avx512(in, out, size, log_top, scale, plain);
+  if (use_avx512()) return tempered_weights_avx512<Mass>(in, out, size, log_top, scale, plain);
 #endif
 #if SPECDEC_DISPATCH_AVX2
-  if (use_avx2()) return tempered_weights_avx2(in, out, size, log_top, scale, plain);
+  if (use_avx2()) return tempered_weights_avx2<Mass>(in, out, size, log_top, scale, plain);
 #endif
-  tempered_weights_portable(in, out, size, log_top, scale, plain);
+  return tempered_weights_portable<Mass>(in, out, size, log_top, scale, plain);
+}
+
+/// out[j] = tempered_weight(in[j], log2_top, scale) for j < size (`in` may be `out`).
+template <class T, class U>
+void tempered_weights(const U* in, T* out, std::size_t size, T log_top, T scale) noexcept {
+  (void)tempered_weights_path<false>(in, out, size, log_top, scale);
+}
+
+/// tempered_weights, returning the positive mass of the written row (mass_lanes' order:
+/// bitwise what nucleus_screened_band's total would be over it) from each block while it
+/// is in L1: top-p's mass at T != 1 without a pass of its own.
+template <class T, class U>
+double tempered_weights_mass(const U* in, T* out, std::size_t size, T log_top, T scale) noexcept {
+  return tempered_weights_path<true>(in, out, size, log_top, scale);
 }
 
 /// The plain range of (x - top) * scale fed to an exponential whose floor is `floor`
@@ -778,46 +926,76 @@ void shifted_exp(const U* in, T* out, std::size_t size, T top, T scale) noexcept
   shifted_exp_portable(in, out, size, top, scale, plain);
 }
 
-/// out[j] = log2_positive(in[j]) for j < size (`in` may be `out`), and the largest entry as
-/// span_max finds it (NaN entries passed over, -infinity when there is none), in one pass:
-/// the first half of tempered_weights for a row whose maximum is not known yet.
+/// log2_with_max_body on the active kernel path.
+template <bool Screen, class T>
+log2_max_screen<T> log2_with_max_path(const T* in, T* out, std::size_t size) noexcept {
+#if SPECDEC_DISPATCH_AVX512
+  if (use_avx512()) return log2_with_max_avx512<Screen>(in, out, size);
+#endif
+#if SPECDEC_DISPATCH_AVX2
+  if (use_avx2()) return log2_with_max_avx2<Screen>(in, out, size);
+#endif
+  return log2_with_max_portable<Screen>(in, out, size);
+}
+
+/// out[j] = log2_positive(in[j]) for j < size (`in` and `out` apart: the largest entry is
+/// read from `in` after the pass), and the largest entry as span_max finds it (NaN entries
+/// passed over, -infinity when there is none), in one pass: the first half of
+/// tempered_weights for a row whose maximum is not known yet.
 /// exp2_shifted(out, out, size, log2_positive(maximum), scale) then writes bitwise
 /// tempered_weights(in, out, size, log2_positive(maximum), scale).
 template <class T>
 T log2_with_max(const T* in, T* out, std::size_t size) noexcept {
-#if SPECDEC_DISPATCH_AVX512
-  if (use_avx512()) return log2_with_max_avx512(in, out, size);
-#endif
-#if SPECDEC_DISPATCH_AVX2
-  if (use_avx2()) return log2_with_max_avx2(in, out, size);
-#endif
-  return log2_with_max_portable(in, out, size);
+  return log2_with_max_path<false>(in, out, size).maximum;
+}
+
+/// log2_with_max with the validation screen of the row in the same pass: its positive mass
+/// (mass_lanes' order, within screen_sum_error of the exact sum) and whether every entry is
+/// >= 0. The first pass of a validated row at T != 1.
+template <class T>
+log2_max_screen<T> log2_with_max_screen(const T* in, T* out, std::size_t size) noexcept {
+  return log2_with_max_path<true>(in, out, size);
 }
 
 /// out[j] = exp2_nonpositive((in[j] - log2_top) * scale) for j < size (`in` may be `out`):
 /// the second half of tempered_weights, from the log2 values log2_with_max wrote.
-template <class T>
-void exp2_shifted(const T* in, T* out, std::size_t size, T log2_top, T scale) noexcept {
+/// exp2_shifted on the active kernel path, with the written row's mass (Mass) or not.
+template <bool Mass, class T>
+double exp2_shifted_path(const T* in, T* out, std::size_t size, T log2_top, T scale) noexcept {
   // The log2 values are screened themselves, so the logarithm's own rounding does not enter.
   const auto plain = shifted_plain_range(log2_top, scale, float_bits<T>::exp2_floor);
 #if SPECDEC_DISPATCH_AVX512
-  if (use_avx512()) return exp2_shifted_avx512(in, out, size, log2_top, scale, plain);
+  if (use_avx512()) return exp2_shifted_avx512<Mass>(in, out, size, log2_top, scale, plain);
 #endif
 #if SPECDEC_DISPATCH_AVX2
-  if (use_avx2()) return exp2_shifted_avx2(in, out, size, log2_top, scale, plain);
+  if (use_avx2()) return exp2_shifted_avx2<Mass>(in, out, size, log2_top, scale, plain);
 #endif
-  exp2_shifted_portable(in, out, size, log2_top, scale, plain);
+  return exp2_shifted_portable<Mass>(in, out, size, log2_top, scale, plain);
+}
+
+template <class T>
+void exp2_shifted(const T* in, T* out, std::size_t size, T log2_top, T scale) noexcept {
+  (void)exp2_shifted_path<false>(in, out, size, log2_top, scale);
+}
+
+/// exp2_shifted, returning the written row's positive mass as tempered_weights_mass does.
+template <class T>
+double exp2_shifted_mass(const T* in, T* out, std::size_t size, T log2_top, T scale) noexcept {
+  return exp2_shifted_path<true>(in, out, size, log2_top, scale);
 }
 
 SPECDEC_KERNELS_END
 
 // The dispatchers' instances for float and double rows (specdec/kernel_instances.hpp).
-#define SPECDEC_VECTOR_MATH_PAIR_INSTANCES(prefix, T, U)                                 \
-  prefix template void tempered_weights<T, U>(const U*, T*, std::size_t, T, T) noexcept; \
+#define SPECDEC_VECTOR_MATH_PAIR_INSTANCES(prefix, T, U)                                        \
+  prefix template void tempered_weights<T, U>(const U*, T*, std::size_t, T, T) noexcept;        \
+  prefix template double tempered_weights_mass<T, U>(const U*, T*, std::size_t, T, T) noexcept; \
   prefix template void shifted_exp<T, U>(const U*, T*, std::size_t, T, T) noexcept;
-#define SPECDEC_VECTOR_MATH_ROW_INSTANCES(prefix, T)                      \
-  prefix template T log2_with_max<T>(const T*, T*, std::size_t) noexcept; \
-  prefix template void exp2_shifted<T>(const T*, T*, std::size_t, T, T) noexcept;
+#define SPECDEC_VECTOR_MATH_ROW_INSTANCES(prefix, T)                                              \
+  prefix template T log2_with_max<T>(const T*, T*, std::size_t) noexcept;                         \
+  prefix template log2_max_screen<T> log2_with_max_screen<T>(const T*, T*, std::size_t) noexcept; \
+  prefix template void exp2_shifted<T>(const T*, T*, std::size_t, T, T) noexcept;                 \
+  prefix template double exp2_shifted_mass<T>(const T*, T*, std::size_t, T, T) noexcept;
 #define SPECDEC_VECTOR_MATH_INSTANCES(prefix)                            \
   SPECDEC_FOR_ROW_TYPE_PAIRS(SPECDEC_VECTOR_MATH_PAIR_INSTANCES, prefix) \
   SPECDEC_FOR_ROW_TYPES(SPECDEC_VECTOR_MATH_ROW_INSTANCES, prefix)
