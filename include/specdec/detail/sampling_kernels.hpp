@@ -880,7 +880,8 @@ SPECDEC_TARGET_AVX512 nucleus_band_found nucleus_band_avx512(const float* key, c
 
 /// What Standardizer::apply's first pass tells a validating caller when it screens the
 /// row (screens_first_pass): whether every entry is >= 0 (no NaN), and the row's sum then
-/// (in double lanes: within screen_sum_error of the exact sum, as plausible_total needs).
+/// (in double lanes, or in blocks of T lanes widened per block: within screen_sum_error of
+/// the exact sum either way, as plausible_total needs).
 struct first_pass_screen {
   bool signs_passed = false;
   double total = 0.0;
