@@ -241,19 +241,25 @@ class Standardizer {
                    : found;
       };
       const bool every_weight = options_.top_k == 0 || options_.top_k >= size;
-      if (options_.temperature != 1.0 && screen != nullptr && screens_first_pass<U>(size)) {
-        // The maximum with the row's mass and signs (the caller's validation screen); with
-        // every tempered weight to write, the pass writes the entries' log2 too (below).
-        if (every_weight) {
+      if (options_.temperature != 1.0 && every_weight) {
+        // Every tempered weight will be written: the pass that takes the maximum (and the
+        // caller's validation screen, the row's mass and signs: screens_first_pass holds at
+        // T != 1) writes the entries' log2 into `out` (the first half of each weight;
+        // exp2_shifted does the rest in place), so that no pass reads the row for its
+        // maximum alone.
+        if (screen != nullptr) {
           const auto first = detail::log2_with_max_screen(probabilities.data(), out.data(), size);
           maximum = with_nan_rule(first.maximum);
           *screen = {first.signs_passed, first.total};
-          logs_written = true;
         } else {
-          const auto first = detail::nucleus_max_total(probabilities.data(), size);
-          maximum = with_nan_rule(first.maximum);
-          *screen = {first.signs_passed, first.total};
+          maximum = with_nan_rule(detail::log2_with_max(probabilities.data(), out.data(), size));
         }
+        logs_written = true;
+      } else if (options_.temperature != 1.0 && screen != nullptr && screens_first_pass<U>(size)) {
+        // Top-k rows: the maximum with the row's mass and signs.
+        const auto first = detail::nucleus_max_total(probabilities.data(), size);
+        maximum = with_nan_rule(first.maximum);
+        *screen = {first.signs_passed, first.total};
       } else if (options_.temperature == 1.0 && screens_first_pass<U>(size)) {
         const auto first = nucleus_first_pass(probabilities);
         maximum = with_nan_rule(first.screen.maximum);
@@ -265,12 +271,6 @@ class Standardizer {
                        deferred);
           return static_cast<double>(maximum) / first.kept.mass;
         }
-      } else if (options_.temperature != 1.0 && every_weight) {
-        // Every tempered weight will be written: the pass that takes the maximum writes
-        // the entries' log2 into `out` (the first half of each weight; exp2_shifted does
-        // the rest in place), so that no pass reads the row for its maximum alone.
-        maximum = with_nan_rule(detail::log2_with_max(probabilities.data(), out.data(), size));
-        logs_written = true;
       } else {
         maximum = detail::max_entry(probabilities.data(), size);
       }

@@ -642,7 +642,7 @@ void nucleus_keep(const U* key, const T* weights, T* out, std::size_t size, U la
 /// Double accumulators of nucleus_total and nucleus_band: entry j goes to lane
 /// j % nucleus_lanes.
 inline constexpr std::size_t nucleus_lanes = 16;
-using nucleus_lane_array = std::array<double, nucleus_lanes>;
+using nucleus_lane_array = mass_lanes;  // the block lanes widen into them (vector_math.hpp)
 static_assert(nucleus_lanes == 16, "the lanes are combined by pairwise_sum16");
 // The float builds of the passes below ask for one cache line per iteration (prefetch_ahead).
 static_assert(nucleus_lanes * sizeof(float) == cache_line);
@@ -887,16 +887,6 @@ struct first_pass_screen {
   double total = 0.0;
 };
 
-/// A row's largest entry (NaN entries passed over, -infinity when there is none: span_max's),
-/// nucleus_total's positive mass and whether every entry is >= 0 (no NaN, no negative entry:
-/// then the mass is the row's sum, and with it the decoder's validation screen), in one pass.
-template <class T>
-struct max_and_total {
-  T maximum;
-  double total;
-  bool signs_passed;
-};
-
 /// The vector builds' end: the packs' maxima folded, then the entries from j on.
 template <std::size_t Lanes>
 [[nodiscard]] SPECDEC_KERNEL_INLINE max_and_total<float> nucleus_max_total_finish(
@@ -1077,24 +1067,12 @@ struct screened_band_found {
   nucleus_band_found band;
 };
 
-/// The block lanes of nucleus_screened_band: 16 T lanes, one block of kernel_block entries.
-template <class T>
-using screened_block_lanes = std::array<T, nucleus_lanes>;
-
-/// Adds a block's lanes into the double lanes.
-template <class T>
-SPECDEC_KERNEL_INLINE void widen_block_lanes(const screened_block_lanes<T>& block,
-                                             nucleus_lane_array& lanes) noexcept {
-  for (std::size_t k = 0; k < nucleus_lanes; ++k) lanes[k] += static_cast<double>(block[k]);
-}
-
 /// The entries [j, end) of one block (j a multiple of nucleus_lanes) added into its lanes
 /// `head` and `total`, with the maximum, the screen and the band's ids, one by one.
 template <class T>
 SPECDEC_KERNEL_INLINE void screened_band_entries(const T* row, std::size_t j, std::size_t end,
                                                  T high, T low, T& maximum, bool& signs_passed,
-                                                 screened_block_lanes<T>& head,
-                                                 screened_block_lanes<T>& total,
+                                                 block_lanes<T>& head, block_lanes<T>& total,
                                                  std::uint32_t* band, std::size_t& count) noexcept {
   for (std::size_t i = j; i < end; ++i) {
     const T value = row[i];
@@ -1117,8 +1095,8 @@ template <class T, std::size_t Lanes>
     std::size_t count) noexcept {
   T maximum = top[0];
   for (const T value : top) maximum = maximum < value ? value : maximum;
-  screened_block_lanes<T> head_block{};
-  screened_block_lanes<T> total_block{};
+  block_lanes<T> head_block{};
+  block_lanes<T> total_block{};
   screened_band_entries(row, j, size, high, low, maximum, signs_passed, head_block, total_block,
                         band, count);
   widen_block_lanes(head_block, head);
@@ -1138,8 +1116,8 @@ template <class T>
   std::size_t count = 0;
   std::size_t j = 0;
   for (; j + kernel_block <= size; j += kernel_block) {
-    screened_block_lanes<T> head_block{};
-    screened_block_lanes<T> total_block{};
+    block_lanes<T> head_block{};
+    block_lanes<T> total_block{};
     screened_band_entries(row, j, j + kernel_block, high, low, maximum, signs_passed, head_block,
                           total_block, band, count);
     widen_block_lanes(head_block, head);

@@ -419,17 +419,39 @@ static_assert(tempered_block % kernel_block == 0);
 /// each block while it is in L1, instead of a pass of their caller's over the row.
 using mass_lanes = std::array<double, kernel_lanes>;
 
+/// One block's lanes: 16 T lanes of kernel_block entries (also nucleus_screened_band's).
+template <class T>
+using block_lanes = std::array<T, kernel_lanes>;
+
+/// Adds a block's lanes into the double lanes.
+template <class T>
+SPECDEC_KERNEL_INLINE void widen_block_lanes(const block_lanes<T>& block,
+                                             mass_lanes& lanes) noexcept {
+  for (std::size_t k = 0; k < kernel_lanes; ++k) lanes[k] += static_cast<double>(block[k]);
+}
+
+/// A row's largest entry (NaN entries passed over, -infinity when there is none: span_max's),
+/// its positive mass and whether every entry is >= 0 (no NaN, no negative entry: then the
+/// mass is the row's sum, and with it the decoder's validation screen), in one pass
+/// (nucleus_max_total, nucleus_screened_band, log2_with_max_screen).
+template <class T>
+struct max_and_total {
+  T maximum;
+  double total;
+  bool signs_passed;
+};
+
 /// Adds the `count` entries at `from` (count <= kernel_block; `from` starts a block) as one
 /// block, one entry at a time.
 template <class T>
 SPECDEC_KERNEL_INLINE void add_mass_entries(const T* from, std::size_t count,
                                             mass_lanes& lanes) noexcept {
-  std::array<T, kernel_lanes> block{};
+  block_lanes<T> block{};
   for (std::size_t i = 0; i < count; ++i) {
     const T value = from[i];
     block[i % kernel_lanes] += value > T(0) ? value : T(0);
   }
-  for (std::size_t k = 0; k < kernel_lanes; ++k) lanes[k] += static_cast<double>(block[k]);
+  widen_block_lanes(block, lanes);
 }
 
 /// Adds the `count` entries at `from` (a block start) block by block and returns the mass.
@@ -459,9 +481,9 @@ SPECDEC_KERNEL_INLINE void add_mass_block(const T* from, mass_lanes& lanes) noex
       sum[h] += x > pack{} ? x : pack{};  // NaN, -0 and negative lanes add +0
     }
   }
-  std::array<T, kernel_lanes> block;
+  block_lanes<T> block;
   std::memcpy(block.data(), sum, sizeof sum);
-  for (std::size_t k = 0; k < kernel_lanes; ++k) lanes[k] += static_cast<double>(block[k]);
+  widen_block_lanes(block, lanes);
 }
 #endif
 
@@ -518,18 +540,17 @@ SPECDEC_KERNEL_INLINE std::size_t screened_blocks(const T* in, T* out, std::size
   return j;
 }
 
-/// screened_blocks' `written` for a pass that takes no mass, and for one that does.
-struct no_mass {
-  template <class T>
-  SPECDEC_KERNEL_INLINE void operator()(const T*) const noexcept {}
-};
-template <std::size_t Bytes>
-struct add_block_mass {
+/// screened_blocks' `written`, and log2_with_max's screen of the blocks it reads: adds a
+/// block of tempered_block entries into the mass lanes (Mass), or nothing.
+template <std::size_t Bytes, bool Mass>
+struct block_mass {
   mass_lanes* lanes;
   template <class T>
   SPECDEC_KERNEL_INLINE void operator()(const T* block) const noexcept {
-    for (std::size_t b = 0; b < tempered_block; b += kernel_block) {
-      add_mass_block<Bytes>(block + b, *lanes);
+    if constexpr (Mass) {
+      for (std::size_t b = 0; b < tempered_block; b += kernel_block) {
+        add_mass_block<Bytes>(block + b, *lanes);
+      }
     }
   }
 };
@@ -624,14 +645,10 @@ SPECDEC_KERNEL_INLINE double tempered_weights_body(const U* in, T* out, std::siz
     };
     const auto plain_lanes = [log_top, scale](auto& x)
                                  SPECDEC_LAMBDA_INLINE { tempered_lanes<true>(x, log_top, scale); };
-    if constexpr (Mass) {
-      const std::size_t j = screened_blocks<Bytes>(in, out, size, fits, plain_lanes, full,
-                                                   add_block_mass<Bytes>{&lanes});
-      return finish_mass(out + j, size - j, lanes);
-    } else {
-      (void)screened_blocks<Bytes>(in, out, size, fits, plain_lanes, full, no_mass{});
-      return 0.0;
-    }
+    const std::size_t j = screened_blocks<Bytes>(in, out, size, fits, plain_lanes, full,
+                                                 block_mass<Bytes, Mass>{&lanes});
+    if constexpr (Mass) return finish_mass(out + j, size - j, lanes);
+    return 0.0;
   }
 #endif
   static_cast<void>(plain);
@@ -640,24 +657,13 @@ SPECDEC_KERNEL_INLINE double tempered_weights_body(const U* in, T* out, std::siz
   return 0.0;
 }
 
-/// What log2_with_max takes from a row: its largest entry as span_max finds it (NaN
-/// entries passed over, -infinity when there is none) and, with the screen, the row's
-/// positive mass (mass_lanes' order over the row itself) and whether every entry is >= 0
-/// (no NaN, no negative entry).
-template <class T>
-struct log2_max_screen {
-  T maximum;
-  double total;
-  bool signs_passed;
-};
-
 /// log2_with_max: out[j] = log2(in[j]) as log2_lanes, blocks of normal positive finite
 /// entries without the special-value selections; the largest entry as span_max finds it,
 /// and with `Screen` the row's mass and signs (a block of normal positive entries passes
 /// its signs as it is screened; any other block is checked entry by entry).
 template <std::size_t Bytes, bool Screen, class T>
-SPECDEC_KERNEL_INLINE log2_max_screen<T> log2_with_max_body(const T* in, T* out,
-                                                            std::size_t size) noexcept {
+SPECDEC_KERNEL_INLINE max_and_total<T> log2_with_max_body(const T* in, T* out,
+                                                          std::size_t size) noexcept {
   const auto full = [](auto& x) SPECDEC_LAMBDA_INLINE { logarithm_lanes<true>(x); };
   T maximum = -std::numeric_limits<T>::infinity();
   mass_lanes lanes{};
@@ -675,10 +681,8 @@ SPECDEC_KERNEL_INLINE log2_max_screen<T> log2_with_max_body(const T* in, T* out,
         const bool fits = block_in_bits_range<Bytes>(
             block, from, room,
             [&best](const pack& x) SPECDEC_LAMBDA_INLINE { best = x > best ? x : best; });
+        block_mass<Bytes, Screen>{&lanes}(block);
         if constexpr (Screen) {
-          for (std::size_t b = 0; b < tempered_block; b += kernel_block) {
-            add_mass_block<Bytes>(block + b, lanes);
-          }
           if (!fits) {
             for (std::size_t i = 0; i < tempered_block; ++i) {
               signs_passed = signs_passed && block[i] >= T(0);
@@ -687,7 +691,8 @@ SPECDEC_KERNEL_INLINE log2_max_screen<T> log2_with_max_body(const T* in, T* out,
         }
         return fits;
       },
-      [](auto& x) SPECDEC_LAMBDA_INLINE { logarithm_lanes<true, true>(x); }, full, no_mass{});
+      [](auto& x) SPECDEC_LAMBDA_INLINE { logarithm_lanes<true, true>(x); }, full,
+      block_mass<Bytes, false>{nullptr});
   for (std::size_t k = 0; k < Bytes / sizeof(T); ++k) {
     maximum = best[k] > maximum ? best[k] : maximum;  // NaN passed over
   }
@@ -729,14 +734,10 @@ SPECDEC_KERNEL_INLINE double shifted_exp_lanes_body(const U* in, T* out, std::si
       x = (x - top) * scale;
       exponential_lanes<base2, true>(x);
     };
-    if constexpr (Mass) {
-      const std::size_t j = screened_blocks<Bytes>(in, out, size, fits, plain_lanes, full,
-                                                   add_block_mass<Bytes>{&lanes});
-      return finish_mass(out + j, size - j, lanes);
-    } else {
-      (void)screened_blocks<Bytes>(in, out, size, fits, plain_lanes, full, no_mass{});
-      return 0.0;
-    }
+    const std::size_t j = screened_blocks<Bytes>(in, out, size, fits, plain_lanes, full,
+                                                 block_mass<Bytes, Mass>{&lanes});
+    if constexpr (Mass) return finish_mass(out + j, size - j, lanes);
+    return 0.0;
   }
 #endif
   static_cast<void>(plain);
@@ -764,8 +765,8 @@ SPECDEC_TARGET_AVX2 double tempered_weights_avx2(const U* in, T* out, std::size_
   return tempered_weights_body<32, Mass>(in, out, size, log_top, scale, plain);
 }
 template <bool Screen, class T>
-SPECDEC_TARGET_AVX2 log2_max_screen<T> log2_with_max_avx2(const T* in, T* out,
-                                                          std::size_t size) noexcept {
+SPECDEC_TARGET_AVX2 max_and_total<T> log2_with_max_avx2(const T* in, T* out,
+                                                        std::size_t size) noexcept {
   return log2_with_max_body<32, Screen>(in, out, size);
 }
 template <bool Mass, class T>
@@ -787,8 +788,8 @@ SPECDEC_TARGET_AVX512 double tempered_weights_avx512(const U* in, T* out, std::s
   return tempered_weights_body<64, Mass>(in, out, size, log_top, scale, plain);
 }
 template <bool Screen, class T>
-SPECDEC_TARGET_AVX512 log2_max_screen<T> log2_with_max_avx512(const T* in, T* out,
-                                                              std::size_t size) noexcept {
+SPECDEC_TARGET_AVX512 max_and_total<T> log2_with_max_avx512(const T* in, T* out,
+                                                            std::size_t size) noexcept {
   return log2_with_max_body<64, Screen>(in, out, size);
 }
 template <bool Mass, class T>
@@ -814,8 +815,8 @@ SPECDEC_PORTABLE_KERNEL inline double tempered_weights_portable(const U* in, T* 
 }
 
 template <bool Screen, class T>
-SPECDEC_PORTABLE_KERNEL inline log2_max_screen<T> log2_with_max_portable(
-    const T* in, T* out, std::size_t size) noexcept {
+SPECDEC_PORTABLE_KERNEL inline max_and_total<T> log2_with_max_portable(const T* in, T* out,
+                                                                       std::size_t size) noexcept {
   return log2_with_max_body<16, Screen>(in, out, size);
 }
 
@@ -928,7 +929,7 @@ void shifted_exp(const U* in, T* out, std::size_t size, T top, T scale) noexcept
 
 /// log2_with_max_body on the active kernel path.
 template <bool Screen, class T>
-log2_max_screen<T> log2_with_max_path(const T* in, T* out, std::size_t size) noexcept {
+max_and_total<T> log2_with_max_path(const T* in, T* out, std::size_t size) noexcept {
 #if SPECDEC_DISPATCH_AVX512
   if (use_avx512()) return log2_with_max_avx512<Screen>(in, out, size);
 #endif
@@ -953,7 +954,7 @@ T log2_with_max(const T* in, T* out, std::size_t size) noexcept {
 /// (mass_lanes' order, within screen_sum_error of the exact sum) and whether every entry is
 /// >= 0. The first pass of a validated row at T != 1.
 template <class T>
-log2_max_screen<T> log2_with_max_screen(const T* in, T* out, std::size_t size) noexcept {
+max_and_total<T> log2_with_max_screen(const T* in, T* out, std::size_t size) noexcept {
   return log2_with_max_path<true>(in, out, size);
 }
 
@@ -991,10 +992,10 @@ SPECDEC_KERNELS_END
   prefix template void tempered_weights<T, U>(const U*, T*, std::size_t, T, T) noexcept;        \
   prefix template double tempered_weights_mass<T, U>(const U*, T*, std::size_t, T, T) noexcept; \
   prefix template void shifted_exp<T, U>(const U*, T*, std::size_t, T, T) noexcept;
-#define SPECDEC_VECTOR_MATH_ROW_INSTANCES(prefix, T)                                              \
-  prefix template T log2_with_max<T>(const T*, T*, std::size_t) noexcept;                         \
-  prefix template log2_max_screen<T> log2_with_max_screen<T>(const T*, T*, std::size_t) noexcept; \
-  prefix template void exp2_shifted<T>(const T*, T*, std::size_t, T, T) noexcept;                 \
+#define SPECDEC_VECTOR_MATH_ROW_INSTANCES(prefix, T)                                            \
+  prefix template T log2_with_max<T>(const T*, T*, std::size_t) noexcept;                       \
+  prefix template max_and_total<T> log2_with_max_screen<T>(const T*, T*, std::size_t) noexcept; \
+  prefix template void exp2_shifted<T>(const T*, T*, std::size_t, T, T) noexcept;               \
   prefix template double exp2_shifted_mass<T>(const T*, T*, std::size_t, T, T) noexcept;
 #define SPECDEC_VECTOR_MATH_INSTANCES(prefix)                            \
   SPECDEC_FOR_ROW_TYPE_PAIRS(SPECDEC_VECTOR_MATH_PAIR_INSTANCES, prefix) \
